@@ -1,0 +1,1 @@
+"""ttsq: quantize and evaluate ChatTTS-style TTS models."""

@@ -1,0 +1,312 @@
+"""Checkpoint I/O: official ChatTTS asset folders (read only, never renamed or rejected for their hash)
+and ttsq's own folder format (manifest.json + model.safetensors + tokenizer.json), loaded strictly."""
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import shutil
+import warnings
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from .fileio import atomic_dir
+from .models import ModelConfig, TTSModel, Tokenizer
+from .models.config import ConvStackConfig, GFSQConfig, GPTConfig, VocosConfig
+
+FORMAT = "ttsq"
+FORMAT_VERSION = 1
+ASSETS = Path(__file__).parent / "assets"
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be loaded; the message names every problem and the fix."""
+
+
+# --- reading tensors -----------------------------------------------------------------------------
+def read_tensors(path: Path) -> dict[str, Tensor]:
+    """safetensors, or a .pt read with weights_only=True (a pickle never runs code here)."""
+    if not path.is_file():
+        raise CheckpointError(f"missing checkpoint file: {path}")
+    try:
+        if path.suffix == ".safetensors":
+            from safetensors.torch import load_file
+            return load_file(str(path))
+        obj = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:
+        raise CheckpointError(
+            f"cannot read {path}: {type(e).__name__}: {e}. The file is corrupt, truncated, or (for .pt) "
+            "holds code or objects other than tensors; re-export or re-download it") from e
+    if not isinstance(obj, dict) or not all(isinstance(v, Tensor) for v in obj.values()):
+        raise CheckpointError(f"{path} does not hold a flat dict of tensors")
+    return obj
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def load_strict(model: torch.nn.Module, state: dict[str, Tensor], source: str) -> None:
+    """Load with one error that lists every missing, unexpected and mis-shaped tensor."""
+    expected = model.state_dict()
+    missing = sorted(set(expected) - set(state))
+    unexpected = sorted(set(state) - set(expected))
+    wrong = sorted(f"{k}: file {tuple(state[k].shape)} vs model {tuple(expected[k].shape)}"
+                   for k in set(state) & set(expected) if state[k].shape != expected[k].shape)
+    if missing or unexpected or wrong:
+        lines = [f"{source} does not match the model architecture:"]
+        for title, items in (("missing", missing), ("unexpected", unexpected), ("wrong shape", wrong)):
+            if items:
+                lines.append(f"  {title} ({len(items)}): " + ", ".join(items[:12]) + (" ..." if len(items) > 12 else ""))
+        lines.append("  Is this a ChatTTS-architecture checkpoint, and are all its files from the same release?")
+        raise CheckpointError("\n".join(lines))
+    model.load_state_dict(state, strict=True)
+
+
+# --- official ChatTTS layout ---------------------------------------------------------------------
+def _fold_weight_norm(g: Tensor, v: Tensor) -> Tensor:
+    return g * v / v.norm(dim=1, keepdim=True)
+
+
+def _pick(state: dict, path: Path, name: str) -> Tensor:
+    if name not in state:
+        raise CheckpointError(f"{path} lacks tensor {name!r}")
+    return state[name]
+
+
+def _official_file(asset: Path, stem: str) -> Path:
+    for ext in (".safetensors", ".pt"):
+        if (asset / f"{stem}{ext}").is_file():
+            return asset / f"{stem}{ext}"
+    raise CheckpointError(f"missing {asset / stem}.safetensors: an official ChatTTS asset folder holds "
+                          "gpt/, tokenizer/, Embed, DVAE, Decoder and Vocos .safetensors")
+
+
+def _convstack_keys(state: dict, prefix: str, out: str) -> dict[str, Tensor]:
+    """ChatTTS DVAE-class keys -> ttsq ConvStack keys."""
+    mapped = {}
+    for k, v in state.items():
+        if k.startswith(prefix + "decoder."):
+            k2 = k[len(prefix + "decoder."):]
+            k2 = re.sub(r"^decoder_block\.(\d+)\.weight$", r"blocks.\1.scale", k2)
+            k2 = re.sub(r"^decoder_block\.", "blocks.", k2)
+            mapped[out + k2] = v
+        elif k in (prefix + "out_conv.weight", prefix + "coef"):
+            mapped[out + k[len(prefix):]] = v
+    return mapped
+
+
+def _convstack_config(state: dict, prefix: str) -> ConvStackConfig:
+    layers = len({k.split(".")[1] for k in state if k.startswith(prefix + "blocks.")})
+    bn_dim, idim, _ = state[prefix + "conv_in.0.weight"].shape
+    hidden = state[prefix + "conv_in.2.weight"].shape[0]
+    odim = state[prefix + "conv_out.weight"].shape[0]
+    dw = state[prefix + "blocks.0.dwconv.weight"] if layers else None
+    kernel = dw.shape[-1] if dw is not None else 7
+    return ConvStackConfig(idim=idim, odim=odim, hidden=hidden, layers=layers, bn_dim=bn_dim, kernel=kernel,
+                           n_mels=state[prefix + "out_conv.weight"].shape[0])
+
+
+def _vocos_keys(state: dict) -> dict[str, Tensor]:
+    mapped = {}
+    for k, v in state.items():
+        if k.startswith("feature_extractor.") or k == "head.istft.window":
+            continue  # recomputed, not learned
+        k2 = k.replace("backbone.convnext.", "blocks.").replace("backbone.final_layer_norm.", "final_norm.")
+        k2 = k2.replace("backbone.", "").replace("head.out.", "out.")
+        k2 = re.sub(r"^(blocks\.\d+)\.gamma$", r"\1.scale", k2)
+        mapped["vocos." + k2] = v
+    return mapped
+
+
+def load_official(root: Path) -> TTSModel:
+    asset = root / "asset" if (root / "asset").is_dir() else root
+    cfg_path = asset / "gpt" / "config.json"
+    if not cfg_path.is_file():
+        raise CheckpointError(f"missing {cfg_path}: not an official ChatTTS asset folder")
+    try:
+        hf = json.loads(cfg_path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise CheckpointError(f"{cfg_path} is not valid JSON: {e}") from e
+    heads = hf.get("num_attention_heads", 12)
+    if hf.get("num_key_value_heads", heads) != heads:
+        raise CheckpointError(f"{cfg_path}: grouped-query attention is not a ChatTTS architecture")
+
+    gpt_file = asset / "gpt" / "model.safetensors"
+    gpt_state = read_tensors(gpt_file if gpt_file.is_file() else _official_file(asset / "gpt", "model"))
+    embed = read_tensors(_official_file(asset, "Embed"))
+    decoder = read_tensors(_official_file(asset, "Decoder"))
+    vocos = read_tensors(_official_file(asset, "Vocos"))
+    dvae_path = next((asset / f"DVAE{e}" for e in (".safetensors", ".pt") if (asset / f"DVAE{e}").is_file()), None)
+    dvae = read_tensors(dvae_path) if dvae_path else None
+
+    state: dict[str, Tensor] = {}
+    n_layers = hf.get("num_hidden_layers", 20)
+    for i in range(n_layers):
+        p = f"layers.{i}."
+        try:
+            state[f"gpt.{p}attention.wqkv.weight"] = torch.cat(
+                [gpt_state.pop(f"{p}self_attn.{x}_proj.weight") for x in "qkv"])
+            state[f"gpt.{p}attention.wo.weight"] = gpt_state.pop(f"{p}self_attn.o_proj.weight")
+            state[f"gpt.{p}feed_forward.w13.weight"] = torch.cat(
+                [gpt_state.pop(f"{p}mlp.{x}_proj.weight") for x in ("gate", "up")])
+            state[f"gpt.{p}feed_forward.w2.weight"] = gpt_state.pop(f"{p}mlp.down_proj.weight")
+            state[f"gpt.{p}attention_norm.weight"] = gpt_state.pop(f"{p}input_layernorm.weight")
+            state[f"gpt.{p}ffn_norm.weight"] = gpt_state.pop(f"{p}post_attention_layernorm.weight")
+        except KeyError as e:
+            raise CheckpointError(f"{gpt_file} lacks {e.args[0]!r} (config.json says {n_layers} layers)") from e
+    state["gpt.norm.weight"] = _pick(gpt_state, gpt_file, "norm.weight")
+    gpt_state.pop("norm.weight")
+    gpt_state.pop("embed_tokens.weight", None)  # unused by ChatTTS
+    if gpt_state:
+        raise CheckpointError(f"{gpt_file} has unexpected tensors: {sorted(gpt_state)[:12]}")
+
+    n_vq = len({k.split(".")[1] for k in embed if k.startswith("emb_code.")})
+    state["gpt.emb_text.weight"] = _pick(embed, asset / "Embed", "emb_text.weight")
+    state["gpt.emb_code.weight"] = torch.cat([_pick(embed, asset / "Embed", f"emb_code.{i}.weight") for i in range(n_vq)])
+
+    def head(name):
+        base = f"{name}.parametrizations.weight."
+        if base + "original0" in embed:
+            return _fold_weight_norm(embed[base + "original0"], embed[base + "original1"])
+        return _pick(embed, asset / "Embed", f"{name}.weight")  # already folded
+
+    state["gpt.head_text.weight"] = head("head_text")
+    state["gpt.head_code.weight"] = torch.cat([head(f"head_code.{i}") for i in range(n_vq)])
+    known_embed = {"emb_text.weight"} | {k for k in embed if k.startswith(("emb_code.", "head_text.", "head_code."))}
+    if set(embed) - known_embed:
+        raise CheckpointError(f"{asset / 'Embed'} has unexpected tensors: {sorted(set(embed) - known_embed)[:12]}")
+
+    state.update(_convstack_keys(decoder, "", "decoder."))
+    state.update(_vocos_keys(vocos))
+
+    dvae_cfg = gfsq_cfg = None
+    if dvae is not None:
+        state.update(_convstack_keys(dvae, "", "dvae.stack."))
+        groups = sorted({int(k.split(".")[3]) for k in dvae if k.startswith("vq_layer.quantizer.rvqs.")})
+        for g in groups:
+            for t in ("weight", "bias"):
+                state[f"dvae.gfsq.project_out.{g}.{t}"] = dvae[f"vq_layer.quantizer.rvqs.{g}.project_out.{t}"]
+        dvae_cfg = _convstack_config({k[len("dvae.stack."):]: v for k, v in state.items()
+                                      if k.startswith("dvae.stack.")}, "")
+        proj = state["dvae.gfsq.project_out.0.weight"]
+        levels = tuple(int(x) for x in dvae.get("vq_layer.quantizer.rvqs.0.layers.0._levels", torch.tensor([5, 5, 5, 5])))
+        if len(levels) != proj.shape[1]:
+            levels = (5,) * proj.shape[1]
+        residuals = len({k.split(".")[5] for k in dvae if re.match(r"vq_layer\.quantizer\.rvqs\.0\.layers\.\d+\.", k)}) or 2
+        gfsq_cfg = GFSQConfig(dim=proj.shape[0] * len(groups), levels=levels, groups=len(groups), residuals=residuals)
+
+    D = state["gpt.emb_text.weight"].shape[1]
+    cfg = ModelConfig(
+        gpt=GPTConfig(
+            hidden=D, layers=n_layers, heads=heads, intermediate=state["gpt.layers.0.feed_forward.w2.weight"].shape[1],
+            rms_eps=hf.get("rms_norm_eps", 1e-6),
+            rope_theta=float(hf.get("rope_theta", (hf.get("rope_parameters") or {}).get("rope_theta", 10000.0))),
+            max_positions=hf.get("max_position_embeddings", 4096),
+            num_text_tokens=state["gpt.emb_text.weight"].shape[0],
+            num_audio_tokens=state["gpt.emb_code.weight"].shape[0] // n_vq, num_vq=n_vq),
+        decoder=_convstack_config({k[len("decoder."):]: v for k, v in state.items() if k.startswith("decoder.")}, ""),
+        dvae=dvae_cfg, gfsq=gfsq_cfg,
+        vocos=VocosConfig(n_mels=state["vocos.embed.weight"].shape[1], dim=state["vocos.embed.weight"].shape[0],
+                          intermediate=state["vocos.blocks.0.pwconv1.weight"].shape[0],
+                          layers=len({k.split(".")[2] for k in state if k.startswith("vocos.blocks.")}),
+                          n_fft=state["vocos.out.weight"].shape[0] - 2),
+    )
+    tokenizer = Tokenizer(asset / "tokenizer" / "tokenizer.json")
+    model = TTSModel(cfg, tokenizer)
+    stat_file = ASSETS / "chattts_spk_stat.npy"
+    if D == 768 and stat_file.is_file():
+        state["spk_stat"] = torch.from_numpy(np.load(stat_file)).float().view(2, D)
+    else:
+        state["spk_stat"] = model.spk_stat
+    load_strict(model, state, f"ChatTTS folder {root}")
+    return model.eval()
+
+
+# --- ttsq format -------------------------------------------------------------------------------
+def read_manifest(root: Path) -> dict:
+    path = root / "manifest.json"
+    try:
+        manifest = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise CheckpointError(f"cannot read {path}: {e}. Re-create the model folder (ttsq quantize / save)") from e
+    if manifest.get("format") != FORMAT:
+        raise CheckpointError(f"{path} is not a ttsq manifest (format={manifest.get('format')!r})")
+    if manifest.get("format_version", 0) > FORMAT_VERSION:
+        raise CheckpointError(f"{path} was written by a newer ttsq (format {manifest['format_version']}); upgrade ttsq")
+    return manifest
+
+
+def verify_files(root: Path, manifest: dict) -> None:
+    """Missing files fail; a changed hash only warns, since the files are the user's."""
+    for name, meta in manifest.get("files", {}).items():
+        f = root / name
+        if not f.is_file():
+            raise CheckpointError(f"{f} is listed in the manifest but missing")
+        if f.stat().st_size != meta.get("bytes", f.stat().st_size):
+            raise CheckpointError(f"{f} has {f.stat().st_size} bytes but the manifest says {meta['bytes']}: "
+                                  "the file is truncated or was replaced; re-create it")
+        if meta.get("sha256") and sha256_file(f) != meta["sha256"]:
+            warnings.warn(f"{f} differs from the sha256 in its manifest: it was modified or corrupted after "
+                          "it was written", stacklevel=3)
+
+
+def split_state(model: TTSModel) -> dict[str, Tensor]:
+    state = {k: v for k, v in model.state_dict().items()}
+    for name, vec in model.voices.items():
+        state[f"voice.{name}"] = vec
+    return state
+
+
+def load_ttsq(root: Path, manifest: dict | None = None) -> TTSModel:
+    manifest = manifest or read_manifest(root)
+    verify_files(root, manifest)
+    try:
+        cfg = ModelConfig.from_dict(manifest["config"])
+    except (KeyError, TypeError, ValueError) as e:
+        raise CheckpointError(f"{root / 'manifest.json'} has a bad config: {e}") from e
+    model = TTSModel(cfg, Tokenizer(root / "tokenizer.json"))
+    state = read_tensors(root / "model.safetensors")
+    model.voices = {k[len("voice."):]: state.pop(k) for k in list(state) if k.startswith("voice.")}
+    load_strict(model, {k: v.float() if v.is_floating_point() else v for k, v in state.items()}, f"ttsq model {root}")
+    return model.eval()
+
+
+def save_ttsq(model: TTSModel, out: str | Path, *, force: bool = False, extra: dict | None = None) -> Path:
+    """Write fp32 weights atomically: a temporary folder, then a rename. An existing folder needs force."""
+    from safetensors.torch import save_file
+
+    out = Path(out)
+    with atomic_dir(out, force=force) as tmp:
+        state = {k: v.detach().contiguous().cpu() for k, v in split_state(model).items()}
+        save_file(state, str(tmp / "model.safetensors"))
+        shutil.copyfile(model.tokenizer.path, tmp / "tokenizer.json")
+        write_manifest(tmp, {"precision": "fp32", "config": model.cfg.to_dict(), **(extra or {})})
+    return out
+
+
+def write_manifest(folder: Path, fields: dict) -> dict:
+    files = {f.name: {"bytes": f.stat().st_size, "sha256": sha256_file(f)}
+             for f in sorted(folder.iterdir()) if f.is_file() and f.name != "manifest.json"}
+    manifest = {"format": FORMAT, "format_version": FORMAT_VERSION, **fields, "files": files}
+    (folder / "manifest.json").write_text(json.dumps(manifest, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    return manifest
+
+
+def detect_layout(root: Path) -> str:
+    if not root.exists():
+        raise CheckpointError(f"model path not found: {root}. Pass --model with a ttsq model folder, a "
+                              "quantized artifact, or an official ChatTTS folder (the one holding asset/)")
+    if (root / "manifest.json").is_file():
+        return "ttsq"
+    if (root / "asset" / "gpt").is_dir() or (root / "gpt" / "config.json").is_file():
+        return "chattts"
+    raise CheckpointError(f"{root} is neither a ttsq model folder (manifest.json) nor an official ChatTTS "
+                          "folder (asset/gpt/config.json)")

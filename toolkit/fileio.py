@@ -1,0 +1,51 @@
+"""Atomic writes: nothing half-written is ever left where the user looks, and nothing is overwritten unasked."""
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+
+class OutputExistsError(FileExistsError):
+    pass
+
+
+@contextlib.contextmanager
+def atomic_dir(out: Path, *, force: bool = False):
+    """Yield a temporary sibling folder; on success it replaces `out` (only with force if `out` exists)."""
+    out = Path(out)
+    if out.exists() and not force:
+        raise OutputExistsError(f"{out} already exists; pass --force to replace it, or choose another --out")
+    parent = out.parent if str(out.parent) else Path(".")
+    try:
+        parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=parent))
+    except OSError as e:
+        raise PermissionError(f"cannot write to {parent}: {e.strerror}. Choose a writable --out") from e
+    try:
+        yield tmp
+        if out.exists():
+            old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=parent))
+            os.replace(out, old / out.name)  # keep the previous copy until the new one is in place
+            os.replace(tmp, out)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent or ".")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise

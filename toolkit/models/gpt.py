@@ -1,0 +1,160 @@
+"""LLaMA-style GPT with ChatTTS's text/code embeddings and heads, and a preallocated static KV cache.
+
+Shapes: B batch, T new positions, S cache length, D hidden, H heads, K head dim, Q codebooks, V codes per book.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from .config import GPTConfig
+
+
+class KVCache(nn.Module):
+    def __init__(self, batch: int, length: int, heads: int, head_dim: int, dtype, device):
+        super().__init__()
+        shape = (batch, heads, length, head_dim)
+        self.register_buffer("k", torch.zeros(shape, dtype=dtype, device=device), persistent=False)
+        self.register_buffer("v", torch.zeros(shape, dtype=dtype, device=device), persistent=False)
+
+    def update(self, pos: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        # in-place writes keep buffer addresses fixed, which CUDA graphs need
+        B = k.shape[0]
+        self.k[:B].index_copy_(2, pos, k.to(self.k.dtype))
+        self.v[:B].index_copy_(2, pos, v.to(self.v.dtype))
+        return self.k, self.v
+
+
+def rotate_half(x: Tensor) -> Tensor:
+    a, b = x.chunk(2, dim=-1)
+    return torch.cat((-b, a), dim=-1)
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: GPTConfig):
+        super().__init__()
+        self.heads, self.head_dim = cfg.heads, cfg.head_dim
+        self.wqkv = nn.Linear(cfg.hidden, 3 * cfg.hidden, bias=False)  # q, k, v fused
+        self.wo = nn.Linear(cfg.hidden, cfg.hidden, bias=False)
+        self.kv_cache: KVCache | None = None
+
+    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, mask: Tensor, input_pos: Tensor) -> Tensor:
+        B, T, D = x.shape
+        q, k, v = self.wqkv(x).view(B, T, 3, self.heads, self.head_dim).unbind(2)
+        q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # (B, H, T, K)
+        q = q * cos + rotate_half(q) * sin
+        k = k * cos + rotate_half(k) * sin
+        if self.kv_cache is not None:
+            k, v = self.kv_cache.update(input_pos, k, v)
+            k, v = k[:B], v[:B]
+        y = F.scaled_dot_product_attention(q, k.to(q.dtype), v.to(q.dtype), attn_mask=mask)
+        return self.wo(y.transpose(1, 2).reshape(B, T, D))
+
+
+class FeedForward(nn.Module):
+    def __init__(self, cfg: GPTConfig):
+        super().__init__()
+        self.w13 = nn.Linear(cfg.hidden, 2 * cfg.intermediate, bias=False)  # gate, up fused
+        self.w2 = nn.Linear(cfg.intermediate, cfg.hidden, bias=False)
+
+    def forward(self, x: Tensor) -> Tensor:
+        gate, up = self.w13(x).chunk(2, dim=-1)
+        return self.w2(F.silu(gate) * up)
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: Tensor) -> Tensor:
+        # computed in fp32 like HF Llama, so half precision keeps its range
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * xf.to(x.dtype)
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: GPTConfig):
+        super().__init__()
+        self.attention_norm = RMSNorm(cfg.hidden, cfg.rms_eps)
+        self.attention = Attention(cfg)
+        self.ffn_norm = RMSNorm(cfg.hidden, cfg.rms_eps)
+        self.feed_forward = FeedForward(cfg)
+
+    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, mask: Tensor, input_pos: Tensor) -> Tensor:
+        x = x + self.attention(self.attention_norm(x), cos, sin, mask, input_pos)
+        return x + self.feed_forward(self.ffn_norm(x))
+
+
+class GPT(nn.Module):
+    def __init__(self, cfg: GPTConfig):
+        super().__init__()
+        self.cfg = cfg
+        Q, V, D = cfg.num_vq, cfg.num_audio_tokens, cfg.hidden
+        self.emb_text = nn.Embedding(cfg.num_text_tokens, D)
+        self.emb_code = nn.Embedding(Q * V, D)  # Q tables stacked; ids are offset by q * V
+        self.layers = nn.ModuleList(Block(cfg) for _ in range(cfg.layers))
+        self.norm = RMSNorm(D, cfg.rms_eps)
+        self.head_text = nn.Linear(D, cfg.num_text_tokens, bias=False)
+        self.head_code = nn.Linear(D, Q * V, bias=False)  # Q heads stacked
+        inv_freq = 1.0 / cfg.rope_theta ** (torch.arange(0, cfg.head_dim, 2).float() / cfg.head_dim)
+        self.register_buffer("inv_freq", inv_freq, persistent=False)
+        self.register_buffer("code_offsets", torch.arange(Q) * V, persistent=False)
+        self.key_valid: Tensor | None = None  # (B, S) which cache slots hold real tokens
+
+    # --- caches -------------------------------------------------------------------------------
+    def setup_caches(self, batch: int, length: int, dtype=None, device=None) -> None:
+        if length > self.cfg.max_positions:
+            raise ValueError(f"cache length {length} exceeds max_positions {self.cfg.max_positions}")
+        dtype = dtype or self.norm.weight.dtype
+        device = device or self.norm.weight.device
+        for layer in self.layers:
+            layer.attention.kv_cache = KVCache(batch, length, self.cfg.heads, self.cfg.head_dim, dtype, device)
+        self.key_valid = torch.zeros(batch, length, dtype=torch.bool, device=device)
+
+    @property
+    def cache_shape(self) -> tuple[int, int] | None:
+        return None if self.key_valid is None else tuple(self.key_valid.shape)
+
+    # --- embeddings and heads -------------------------------------------------------------------
+    def embed(self, ids: Tensor, text_mask: Tensor) -> Tensor:
+        """ids (B, T, Q), text_mask (B, T) -> (B, T, D). Text uses channel 0; audio sums Q codebooks."""
+        text = self.emb_text(ids[..., 0].clamp(0, self.cfg.num_text_tokens - 1))
+        return torch.where(text_mask[..., None], text, self.embed_codes(ids.clamp(0, self.cfg.num_audio_tokens - 1)))
+
+    def embed_codes(self, codes: Tensor) -> Tensor:
+        """codes (..., Q) -> (..., D)"""
+        return self.emb_code(codes + self.code_offsets).sum(-2)
+
+    def code_logits(self, h: Tensor) -> Tensor:
+        """h (..., D) -> (..., Q, V) float32"""
+        return self.head_code(h).float().unflatten(-1, (self.cfg.num_vq, self.cfg.num_audio_tokens))
+
+    def text_logits(self, h: Tensor) -> Tensor:
+        return self.head_text(h).float()
+
+    # --- backbone -----------------------------------------------------------------------------
+    def forward(self, x: Tensor, input_pos: Tensor, rope_pos: Tensor, key_valid: Tensor | None = None) -> Tensor:
+        """x (B, T, D) input embeddings, input_pos (T,) cache slots, rope_pos (B, T) -> final-norm hidden (B, T, D).
+
+        With caches set up, keys are the whole cache (static shape); `key_valid` (B, S) marks real tokens.
+        Without caches (teacher forcing), attention is causal over x, masked by key_valid (B, T) if given.
+        """
+        B, T, _ = x.shape
+        angles = rope_pos[..., None].float() * self.inv_freq  # (B, T, K/2)
+        angles = torch.cat((angles, angles), dim=-1)[:, None]  # (B, 1, T, K)
+        cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
+        cached = self.key_valid is not None
+        S = self.key_valid.shape[1] if cached else T
+        if key_valid is None:
+            key_valid = self.key_valid[:B] if cached else torch.ones(B, S, dtype=torch.bool, device=x.device)
+        slots = torch.arange(S, device=x.device)
+        causal = slots[None, :] <= input_pos[:, None]  # (T, S)
+        itself = slots[None, :] == input_pos[:, None]  # a padded query still sees itself: no empty softmax rows
+        mask = (key_valid[:, None, None, :] & causal) | itself  # (B, 1, T, S)
+        for layer in self.layers:
+            x = layer(x, cos, sin, mask, input_pos)
+        return self.norm(x)

@@ -1,0 +1,195 @@
+"""The one library API: model path + device + precision -> `synthesize(texts)` -> 24 kHz waveforms."""
+from __future__ import annotations
+
+import time
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Iterator, Sequence
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from . import checkpoint
+from .engine import Engine
+from .models import TTSModel
+from .models.speaker import apply_speaker, random_speaker
+from .sampling import SamplingParams
+from .text import TextError, normalize, prompt_text, split_sentences
+
+DEFAULT_MODEL = Path(__file__).parent / "assets" / "voice"
+
+
+class NumericalError(RuntimeError):
+    pass
+
+
+@dataclass
+class Utterance:
+    wav: np.ndarray  # float32 mono at `sample_rate`
+    sample_rate: int
+    steps: int  # GPT steps before EOS, summed over the text's sentences
+    hit_limit: bool  # some sentence ran to max_new_tokens without EOS
+    timings: dict[str, float] = field(default_factory=dict)  # seconds: gpt, decoder, vocoder, total
+
+    @property
+    def duration(self) -> float:
+        return len(self.wav) / self.sample_rate
+
+
+def resolve_device(device: str | torch.device | None) -> torch.device:
+    dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise RuntimeError(f"device {dev} asked for, but this torch build sees no CUDA GPU; use --device cpu")
+        if dev.index is not None and dev.index >= torch.cuda.device_count():
+            raise RuntimeError(f"device {dev} does not exist: {torch.cuda.device_count()} CUDA device(s) visible")
+    elif dev.type != "cpu":
+        raise RuntimeError(f"unsupported device {dev}; use cpu or cuda[:N]")
+    return dev
+
+
+def load_model(path: str | Path | None = None) -> TTSModel:
+    """A ttsq folder (fp32 or a quantized artifact) or an official ChatTTS folder; the shipped voice by default."""
+    root = Path(path) if path is not None else DEFAULT_MODEL
+    layout = checkpoint.detect_layout(root)
+    if layout == "chattts":
+        return checkpoint.load_official(root)
+    manifest = checkpoint.read_manifest(root)
+    if manifest.get("precision", "fp32") != "fp32" or "recipe" in manifest:
+        from .precision.artifact import load_artifact
+        return load_artifact(root, manifest)
+    return checkpoint.load_ttsq(root, manifest)
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+class Synthesizer:
+    def __init__(self, model: str | Path | TTSModel | None = None, device: str | None = None,
+                 precision: str | None = None, **recipe_options):
+        self.device = resolve_device(device)
+        self.model = model if isinstance(model, TTSModel) else load_model(model)
+        if self.model.tokenizer is None:
+            raise ValueError("the model has no tokenizer")
+        self.model.to(self.device)
+        if precision is not None:
+            from .precision import quantize
+            quantize(self.model, precision, device=self.device, **recipe_options)
+        self.precision = precision or getattr(self.model, "precision", "fp32")
+        self.engine = Engine(self.model.gpt)
+
+    @property
+    def sample_rate(self) -> int:
+        return self.model.sample_rate
+
+    def speaker_vector(self, speaker: int | str | Tensor | None) -> Tensor:
+        """A seed, a voice name shipped with the model, or a (D,) vector -> (D,) speaker."""
+        D = self.model.cfg.gpt.hidden
+        if speaker is None:
+            speaker = next(iter(self.model.voices), 0)
+        if isinstance(speaker, str) and speaker.lstrip("-").isdigit():
+            speaker = int(speaker)
+        if isinstance(speaker, int):
+            return random_speaker(speaker, self.model.spk_stat)
+        if isinstance(speaker, str):
+            if speaker not in self.model.voices:
+                raise ValueError(f"unknown speaker {speaker!r}; this model has voices {sorted(self.model.voices)} "
+                                 "or give an integer seed")
+            return self.model.voices[speaker].float()
+        speaker = torch.as_tensor(speaker, dtype=torch.float32)
+        if speaker.shape != (D,):
+            raise ValueError(f"speaker vector must have shape ({D},), got {tuple(speaker.shape)}")
+        return speaker
+
+    def _prompt(self, pieces: Sequence[str], speaker: Tensor) -> tuple[Tensor, Tensor]:
+        tok, gpt = self.model.tokenizer, self.model.gpt
+        ids, valid = tok.encode([prompt_text(p, tok.has) for p in pieces])
+        Q = gpt.cfg.num_vq
+        if int(ids.max()) >= gpt.cfg.num_text_tokens:
+            raise ValueError("the tokenizer produced ids beyond the model's text vocabulary: wrong tokenizer.json?")
+        ids, valid = ids.to(self.device), valid.to(self.device)
+        emb = gpt.embed(ids[..., None].expand(-1, -1, Q), torch.ones_like(valid))
+        spk_id = tok.token_id("[spk_emb]")
+        is_spk = ids == spk_id if spk_id is not None else torch.zeros_like(valid)
+        emb = apply_speaker(emb, is_spk, speaker.to(self.device)[None].expand(len(pieces), -1))
+        return emb, valid
+
+    @torch.inference_mode()
+    def decode(self, hidden: Tensor, lengths: Tensor) -> tuple[list[np.ndarray], dict[str, float]]:
+        """hidden (B, N, D) -> waveforms trimmed to 512 * steps - 256 samples each."""
+        t0 = time.perf_counter()
+        mel = self.model.hidden_to_mel(hidden)
+        _sync(self.device)
+        t1 = time.perf_counter()
+        wav = self.model.mel_to_wav(mel.float())
+        _sync(self.device)
+        t2 = time.perf_counter()
+        if not torch.isfinite(wav).all():
+            raise NumericalError("the vocoder produced NaN/inf audio; run this precision with fp32 decoder/vocoder")
+        hop = self.model.cfg.vocos.hop
+        out = [w[: max(0, 2 * hop * int(n) - hop)].cpu().numpy().astype(np.float32) for w, n in zip(wav, lengths)]
+        return out, {"decoder": t1 - t0, "vocoder": t2 - t1}
+
+    def _batches(self, texts, max_chars):
+        pieces = []  # (text index, piece)
+        for i, t in enumerate(texts):
+            pieces += [(i, p) for p in split_sentences(normalize(t), max_chars)]
+        return pieces
+
+    @torch.inference_mode()
+    def synthesize(self, texts: str | Sequence[str], *, speaker=None, seed: int = 0,
+                   params: SamplingParams | None = None, batch_size: int = 8, max_chars: int = 120,
+                   progress: Callable[[int, int], None] | None = None,
+                   should_stop: Callable[[], bool] | None = None) -> list[Utterance]:
+        """Each text is split into sentences, sentences are batched with padding, and the audio of each
+        text is returned whole. `progress(done, total)` is called per batch of sentences."""
+        if isinstance(texts, str):
+            texts = [texts]
+        if not texts:
+            raise TextError("no texts given")
+        if batch_size < 1:
+            raise ValueError("batch_size must be >= 1")
+        params = params or SamplingParams()
+        spk = self.speaker_vector(speaker)
+        pieces = self._batches(texts, max_chars)
+        order = sorted(range(len(pieces)), key=lambda k: len(pieces[k][1]))  # similar lengths pad less
+        wavs: dict[int, np.ndarray] = {}
+        steps: dict[int, int] = {}
+        limit: dict[int, bool] = {}
+        timing = {"gpt": 0.0, "decoder": 0.0, "vocoder": 0.0}
+        t_start = time.perf_counter()
+        for b in range(0, len(order), batch_size):
+            idx = order[b: b + batch_size]
+            t0 = time.perf_counter()
+            emb, valid = self._prompt([pieces[k][1] for k in idx], spk)
+            gen = self.engine.generate(emb, valid, params, seed=seed + b, should_stop=should_stop)
+            _sync(self.device)
+            timing["gpt"] += time.perf_counter() - t0
+            out, t = self.decode(gen.hidden, gen.lengths)
+            for key in t:
+                timing[key] += t[key]
+            for j, k in enumerate(idx):
+                wavs[k], steps[k], limit[k] = out[j], int(gen.lengths[j]), not bool(gen.finished[j])
+            if progress:
+                progress(min(b + batch_size, len(order)), len(order))
+            if should_stop is not None and should_stop():
+                raise InterruptedError("synthesis cancelled")
+        timing["total"] = time.perf_counter() - t_start
+        results = []
+        for i in range(len(texts)):
+            ks = [k for k in range(len(pieces)) if pieces[k][0] == i]
+            if any(limit[k] for k in ks):
+                warnings.warn(f"text {i}: a sentence reached max_new_tokens without EOS; its audio may be cut",
+                              stacklevel=2)
+            results.append(Utterance(np.concatenate([wavs[k] for k in ks]), self.sample_rate,
+                                     sum(steps[k] for k in ks), any(limit[k] for k in ks), dict(timing)))
+        return results
+
+    def stream(self, text: str, **kwargs) -> Iterator[np.ndarray]:
+        """Yields audio as it is generated (see toolkit.streaming)."""
+        from .streaming import stream_text
+        return stream_text(self, text, **kwargs)

@@ -1,0 +1,72 @@
+"""Text handling before tokenization: normalisation, control tokens, sentence splitting, the prompt layout."""
+from __future__ import annotations
+
+import re
+import unicodedata
+
+# Control tokens a user may write inside text; everything else in brackets is read as plain text.
+USER_CONTROL = re.compile(r"\[(?:laugh|uv_break|v_break|lbreak|pure|(?:break|oral|laugh|speed|music)_\d)\]")
+# Structural tokens are ttsq's to place, never the user's.
+STRUCTURAL = re.compile(r"\[(?:Stts|Ptts|spk_emb|empty_spk|Sbreak|Pbreak)\]")
+SENTENCE_END = re.compile(r"(?<=[.!?;。！？；…])\s*|\n+")
+SOFT_BREAK = re.compile(r"(?<=[,，、:：])\s*|\s+")
+MAX_CHARS = 120  # about 10-15 s of speech: well inside the 2048-step limit
+
+
+class TextError(ValueError):
+    pass
+
+
+def normalize(text: str) -> str:
+    if not isinstance(text, str):
+        raise TextError(f"text must be a string, got {type(text).__name__}")
+    text = unicodedata.normalize("NFKC", text)
+    text = STRUCTURAL.sub(" ", text)
+    text = "".join(c if unicodedata.category(c)[0] != "C" or c == "\n" else " " for c in text)
+    text = re.sub(r"[ \t\r\f\v]+", " ", text).strip()
+    if not USER_CONTROL.sub("", text).strip(" \n"):
+        raise TextError("text is empty (or holds only whitespace and control tokens); give some words to speak")
+    return text
+
+
+def split_sentences(text: str, max_chars: int = MAX_CHARS) -> list[str]:
+    """Split normalised text into pieces of at most max_chars, at sentence ends first, then softer breaks."""
+    pieces: list[str] = []
+    for sentence in filter(None, (s.strip() for s in SENTENCE_END.split(text))):
+        if len(sentence) <= max_chars:
+            pieces.append(sentence)
+            continue
+        current = ""
+        for part in filter(None, SOFT_BREAK.split(sentence)):
+            while len(part) > max_chars:  # no break at all (e.g. long CJK runs): cut hard
+                if current:
+                    pieces.append(current)
+                    current = ""
+                pieces.append(part[:max_chars])
+                part = part[max_chars:]
+            sep = "" if not current or _is_cjk(current[-1]) or _is_cjk(part[0]) else " "
+            if len(current) + len(sep) + len(part) > max_chars:
+                pieces.append(current)
+                current = part
+            else:
+                current = current + sep + part
+        if current:
+            pieces.append(current)
+    # merge fragments so short pieces don't each pay the prompt overhead
+    merged: list[str] = []
+    for p in pieces:
+        if merged and len(merged[-1]) + 1 + len(p) <= max_chars // 2:
+            merged[-1] = merged[-1] + " " + p
+        else:
+            merged.append(p)
+    return [p for p in merged if USER_CONTROL.sub("", p).strip()]
+
+
+def _is_cjk(ch: str) -> bool:
+    return "\u4e00" <= ch <= "\u9fff" or "\u3000" <= ch <= "\u303f"
+
+
+def prompt_text(text: str, has_token, style: str = "[speed_5]") -> str:
+    """ChatTTS's code prompt layout: [Stts][spk_emb]{style}{text}[Ptts]; tokens the vocabulary lacks are left out."""
+    style = "".join(t for t in re.findall(r"\[[^\]]+\]", style) if has_token(t))
+    return f"[Stts][spk_emb]{style}{text}[Ptts]"
