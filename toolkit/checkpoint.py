@@ -53,7 +53,7 @@ def sha256_file(path: Path) -> str:
     return h.hexdigest()
 
 
-def load_strict(model: torch.nn.Module, state: dict[str, Tensor], source: str) -> None:
+def load_strict(model: torch.nn.Module, state: dict[str, Tensor], source: str, assign: bool = False) -> None:
     """Load with one error that lists every missing, unexpected and mis-shaped tensor."""
     expected = model.state_dict()
     missing = sorted(set(expected) - set(state))
@@ -67,7 +67,7 @@ def load_strict(model: torch.nn.Module, state: dict[str, Tensor], source: str) -
                 lines.append(f"  {title} ({len(items)}): " + ", ".join(items[:12]) + (" ..." if len(items) > 12 else ""))
         lines.append("  Is this a ChatTTS-architecture checkpoint, and are all its files from the same release?")
         raise CheckpointError("\n".join(lines))
-    model.load_state_dict(state, strict=True)
+    model.load_state_dict(state, strict=True, assign=assign)
 
 
 # --- official ChatTTS layout ---------------------------------------------------------------------
@@ -227,7 +227,7 @@ def load_official(root: Path) -> TTSModel:
     else:
         state["spk_stat"] = model.spk_stat
     load_strict(model, state, f"ChatTTS folder {root}")
-    return model.eval()
+    return model.eval().requires_grad_(False)
 
 
 # --- ttsq format -------------------------------------------------------------------------------
@@ -276,7 +276,7 @@ def load_ttsq(root: Path, manifest: dict | None = None) -> TTSModel:
     state = read_tensors(root / "model.safetensors")
     model.voices = {k[len("voice."):]: state.pop(k) for k in list(state) if k.startswith("voice.")}
     load_strict(model, {k: v.float() if v.is_floating_point() else v for k, v in state.items()}, f"ttsq model {root}")
-    return model.eval()
+    return model.eval().requires_grad_(False)
 
 
 def save_ttsq(model: TTSModel, out: str | Path, *, force: bool = False, extra: dict | None = None) -> Path:

@@ -14,9 +14,9 @@ from torch import Tensor
 from . import checkpoint
 from .engine import Engine
 from .models import TTSModel
-from .models.speaker import apply_speaker, random_speaker
+from .prompt import encode_prompts, resolve_speaker
 from .sampling import SamplingParams
-from .text import TextError, normalize, prompt_text, split_sentences
+from .text import TextError, normalize, split_sentences
 
 DEFAULT_MODEL = Path(__file__).parent / "assets" / "voice"
 
@@ -50,7 +50,7 @@ def resolve_device(device: str | torch.device | None) -> torch.device:
     return dev
 
 
-def load_model(path: str | Path | None = None) -> TTSModel:
+def load_model(path: str | Path | None = None, device: torch.device | str = "cpu") -> TTSModel:
     """A ttsq folder (fp32 or a quantized artifact) or an official ChatTTS folder; the shipped voice by default."""
     root = Path(path) if path is not None else DEFAULT_MODEL
     layout = checkpoint.detect_layout(root)
@@ -59,7 +59,7 @@ def load_model(path: str | Path | None = None) -> TTSModel:
     manifest = checkpoint.read_manifest(root)
     if manifest.get("precision", "fp32") != "fp32" or "recipe" in manifest:
         from .precision.artifact import load_artifact
-        return load_artifact(root, manifest)
+        return load_artifact(root, manifest, device)
     return checkpoint.load_ttsq(root, manifest)
 
 
@@ -72,7 +72,7 @@ class Synthesizer:
     def __init__(self, model: str | Path | TTSModel | None = None, device: str | None = None,
                  precision: str | None = None, **recipe_options):
         self.device = resolve_device(device)
-        self.model = model if isinstance(model, TTSModel) else load_model(model)
+        self.model = model if isinstance(model, TTSModel) else load_model(model, self.device)
         if self.model.tokenizer is None:
             raise ValueError("the model has no tokenizer")
         self.model.to(self.device)
@@ -87,36 +87,7 @@ class Synthesizer:
         return self.model.sample_rate
 
     def speaker_vector(self, speaker: int | str | Tensor | None) -> Tensor:
-        """A seed, a voice name shipped with the model, or a (D,) vector -> (D,) speaker."""
-        D = self.model.cfg.gpt.hidden
-        if speaker is None:
-            speaker = next(iter(self.model.voices), 0)
-        if isinstance(speaker, str) and speaker.lstrip("-").isdigit():
-            speaker = int(speaker)
-        if isinstance(speaker, int):
-            return random_speaker(speaker, self.model.spk_stat)
-        if isinstance(speaker, str):
-            if speaker not in self.model.voices:
-                raise ValueError(f"unknown speaker {speaker!r}; this model has voices {sorted(self.model.voices)} "
-                                 "or give an integer seed")
-            return self.model.voices[speaker].float()
-        speaker = torch.as_tensor(speaker, dtype=torch.float32)
-        if speaker.shape != (D,):
-            raise ValueError(f"speaker vector must have shape ({D},), got {tuple(speaker.shape)}")
-        return speaker
-
-    def _prompt(self, pieces: Sequence[str], speaker: Tensor) -> tuple[Tensor, Tensor]:
-        tok, gpt = self.model.tokenizer, self.model.gpt
-        ids, valid = tok.encode([prompt_text(p, tok.has) for p in pieces])
-        Q = gpt.cfg.num_vq
-        if int(ids.max()) >= gpt.cfg.num_text_tokens:
-            raise ValueError("the tokenizer produced ids beyond the model's text vocabulary: wrong tokenizer.json?")
-        ids, valid = ids.to(self.device), valid.to(self.device)
-        emb = gpt.embed(ids[..., None].expand(-1, -1, Q), torch.ones_like(valid))
-        spk_id = tok.token_id("[spk_emb]")
-        is_spk = ids == spk_id if spk_id is not None else torch.zeros_like(valid)
-        emb = apply_speaker(emb, is_spk, speaker.to(self.device)[None].expand(len(pieces), -1))
-        return emb, valid
+        return resolve_speaker(self.model, speaker)
 
     @torch.inference_mode()
     def decode(self, hidden: Tensor, lengths: Tensor) -> tuple[list[np.ndarray], dict[str, float]]:
@@ -165,7 +136,7 @@ class Synthesizer:
         for b in range(0, len(order), batch_size):
             idx = order[b: b + batch_size]
             t0 = time.perf_counter()
-            emb, valid = self._prompt([pieces[k][1] for k in idx], spk)
+            emb, valid = encode_prompts(self.model, [pieces[k][1] for k in idx], spk)
             gen = self.engine.generate(emb, valid, params, seed=seed + b, should_stop=should_stop)
             _sync(self.device)
             timing["gpt"] += time.perf_counter() - t0

@@ -62,10 +62,9 @@ class GFSQ(nn.Module):
         G, R = self.cfg.groups, self.cfg.residuals
         idx = codes.view(B, G, R, T).permute(1, 0, 3, 2)  # (G, B, T, R)
         digits = (idx[..., None] // self.basis) % self.levels  # (G, B, T, R, L)
-        half = self.levels // 2
-        normalised = (digits - half) / half  # in [-1, 1]
-        # residual level r is scaled by (levels - 1) ** -r
-        scales = torch.stack([(self.levels - 1).float() ** -r for r in range(R)])  # (R, L)
+        normalised = digits * (2.0 / (self.levels - 1)) - 1.0  # symmetric grid in [-1, 1]
+        # residual quantizer r works at scale levels ** -r
+        scales = torch.stack([self.levels.float() ** -r for r in range(R)])  # (R, L)
         summed = (normalised * scales).sum(-2)  # (G, B, T, L)
         out = [proj(summed[g].to(proj.weight.dtype)) for g, proj in enumerate(self.project_out)]
         return torch.cat(out, dim=-1).transpose(1, 2)

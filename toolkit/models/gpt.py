@@ -39,13 +39,13 @@ class Attention(nn.Module):
         self.wo = nn.Linear(cfg.hidden, cfg.hidden, bias=False)
         self.kv_cache: KVCache | None = None
 
-    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, mask: Tensor, input_pos: Tensor) -> Tensor:
+    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, mask: Tensor, input_pos: Tensor, use_cache: bool) -> Tensor:
         B, T, D = x.shape
         q, k, v = self.wqkv(x).view(B, T, 3, self.heads, self.head_dim).unbind(2)
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # (B, H, T, K)
         q = q * cos + rotate_half(q) * sin
         k = k * cos + rotate_half(k) * sin
-        if self.kv_cache is not None:
+        if use_cache:
             k, v = self.kv_cache.update(input_pos, k, v)
             k, v = k[:B], v[:B]
         y = F.scaled_dot_product_attention(q, k.to(q.dtype), v.to(q.dtype), attn_mask=mask)
@@ -84,8 +84,8 @@ class Block(nn.Module):
         self.ffn_norm = RMSNorm(cfg.hidden, cfg.rms_eps)
         self.feed_forward = FeedForward(cfg)
 
-    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, mask: Tensor, input_pos: Tensor) -> Tensor:
-        x = x + self.attention(self.attention_norm(x), cos, sin, mask, input_pos)
+    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, mask: Tensor, input_pos: Tensor, use_cache: bool) -> Tensor:
+        x = x + self.attention(self.attention_norm(x), cos, sin, mask, input_pos, use_cache)
         return x + self.feed_forward(self.ffn_norm(x))
 
 
@@ -137,24 +137,25 @@ class GPT(nn.Module):
         return self.head_text(h).float()
 
     # --- backbone -----------------------------------------------------------------------------
-    def forward(self, x: Tensor, input_pos: Tensor, rope_pos: Tensor, key_valid: Tensor | None = None) -> Tensor:
-        """x (B, T, D) input embeddings, input_pos (T,) cache slots, rope_pos (B, T) -> final-norm hidden (B, T, D).
+    def forward(self, x: Tensor, input_pos: Tensor, rope_pos: Tensor) -> Tensor:
+        """Cached step or prefill. x (B, T, D) input embeddings, input_pos (T,) cache slots, rope_pos (B, T)
+        -> final-norm hidden (B, T, D). Keys are the whole cache (a static shape); `key_valid` marks real ones."""
+        B = x.shape[0]
+        return self._run(x, input_pos, rope_pos, self.key_valid[:B], use_cache=True)
 
-        With caches set up, keys are the whole cache (static shape); `key_valid` (B, S) marks real tokens.
-        Without caches (teacher forcing), attention is causal over x, masked by key_valid (B, T) if given.
-        """
-        B, T, _ = x.shape
+    def forward_full(self, x: Tensor, valid: Tensor) -> Tensor:
+        """Teacher forcing without the cache: x (B, T, D), valid (B, T) non-padding -> hidden (B, T, D)."""
+        rope = (valid.long().cumsum(1) - 1).clamp(min=0)
+        return self._run(x, torch.arange(x.shape[1], device=x.device), rope, valid, use_cache=False)
+
+    def _run(self, x: Tensor, input_pos: Tensor, rope_pos: Tensor, key_valid: Tensor, use_cache: bool) -> Tensor:
         angles = rope_pos[..., None].float() * self.inv_freq  # (B, T, K/2)
         angles = torch.cat((angles, angles), dim=-1)[:, None]  # (B, 1, T, K)
         cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
-        cached = self.key_valid is not None
-        S = self.key_valid.shape[1] if cached else T
-        if key_valid is None:
-            key_valid = self.key_valid[:B] if cached else torch.ones(B, S, dtype=torch.bool, device=x.device)
-        slots = torch.arange(S, device=x.device)
+        slots = torch.arange(key_valid.shape[1], device=x.device)
         causal = slots[None, :] <= input_pos[:, None]  # (T, S)
         itself = slots[None, :] == input_pos[:, None]  # a padded query still sees itself: no empty softmax rows
         mask = (key_valid[:, None, None, :] & causal) | itself  # (B, 1, T, S)
         for layer in self.layers:
-            x = layer(x, cos, sin, mask, input_pos)
+            x = layer(x, cos, sin, mask, input_pos, use_cache)
         return self.norm(x)

@@ -1,0 +1,175 @@
+"""The `ttsq` command line: a thin layer over the library API."""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import warnings
+from pathlib import Path
+
+
+def _progress_bar(desc: str):
+    from tqdm import tqdm
+    bars = {}
+
+    def update(stage_or_done, done_or_total, total=None):
+        if total is None:  # (done, total) form
+            stage, done, total = desc, stage_or_done, done_or_total
+        else:
+            stage, done = stage_or_done, done_or_total
+        bar = bars.get(stage) or bars.setdefault(stage, tqdm(total=total, desc=stage, unit="it", leave=False,
+                                                               file=sys.stderr))
+        bar.n = done
+        bar.refresh()
+        if done >= total:
+            bar.close()
+    return update
+
+
+def cmd_synth(a) -> int:
+    from . import SamplingParams, Synthesizer
+    from .audio import write_wav
+
+    text = sys.stdin.read() if a.text == "-" else a.text
+    out = Path(a.output)
+    if out.exists() and not a.force:
+        raise FileExistsError(f"{out} already exists; pass --force to overwrite it, or choose another -o")
+    synth = Synthesizer(a.model, a.device, a.precision)
+    params = SamplingParams(temperature=a.temperature, top_p=a.top_p, top_k=a.top_k, max_new_tokens=a.max_steps)
+    utt = synth.synthesize(text, speaker=a.speaker, seed=a.seed, params=params, batch_size=a.batch_size,
+                           progress=_progress_bar("sentences"))[0]
+    write_wav(out, utt.wav, utt.sample_rate, force=a.force)
+    t = utt.timings
+    print(f"wrote {out}: {utt.duration:.2f} s at {utt.sample_rate} Hz, {utt.steps} steps, "
+          f"{t['total']:.2f} s to synthesize (RTF {t['total'] / max(utt.duration, 1e-9):.3f})"
+          + (" [hit max steps]" if utt.hit_limit else ""))
+    return 0
+
+
+def cmd_info(a) -> int:
+    from . import checkpoint
+    from .synthesizer import load_model
+
+    root = Path(a.path)
+    layout = checkpoint.detect_layout(root)
+    model = load_model(root)
+    manifest = checkpoint.read_manifest(root) if layout == "ttsq" else {}
+    size = sum(f.stat().st_size for f in root.rglob("*") if f.is_file())
+    counts = model.parameter_counts()
+    info = {"path": str(root), "layout": layout, "precision": manifest.get("precision", "fp32"),
+            "size_bytes": size, "parameters": counts, "parameters_total": sum(counts.values()),
+            "voices": sorted(model.voices), "frontend": manifest.get("frontend"), "config": model.cfg.to_dict()}
+    if a.json:
+        print(json.dumps(info, indent=2))
+        return 0
+    print(f"{root}  ({layout}, {info['precision']}, {size / 2**20:.1f} MiB on disk)")
+    for k, v in counts.items():
+        print(f"  {k:8s} {v / 1e6:8.2f} M parameters")
+    print(f"  total    {info['parameters_total'] / 1e6:8.2f} M")
+    g = model.cfg.gpt
+    print(f"  gpt: hidden {g.hidden}, {g.layers} layers, {g.heads} heads, ffn {g.intermediate}, "
+          f"text vocab {g.num_text_tokens}, {g.num_vq} x {g.num_audio_tokens} codes")
+    print(f"  voices: {', '.join(info['voices']) or '(random speakers from seeds)'}")
+    if manifest.get("layers"):
+        from collections import Counter
+        print("  layers: " + ", ".join(f"{n} {p}" for p, n in Counter(manifest["layers"].values()).items()))
+    return 0
+
+
+def cmd_quantize(a) -> int:
+    from .quantize_job import quantize_to_artifact
+
+    out, report = quantize_to_artifact(a.model, a.precision, a.out, calib_set=a.calib, device=a.device,
+                                       limit=a.limit, max_steps=a.max_steps, awq=not a.no_awq,
+                                       keep_sensitive=a.keep_sensitive, target_error=a.target_error,
+                                       force=a.force, progress=_progress_bar("quantize"))
+    plan = report.plan
+    print(f"wrote {out}")
+    print(f"| precision | quantized layers | kept float (sensitive) | skipped (shape) | size before | size after | "
+          + " | ".join(f"err {s}" for s in report.errors) + " |")
+    print("|---" * (6 + len(report.errors)) + "|")
+    print(f"| {a.precision} | {len(plan.quantize)} | {len(plan.keep)} | {len(plan.skipped)} | "
+          f"{report.bytes_before / 2**20:.2f} MiB | {report.bytes_after / 2**20:.2f} MiB | "
+          + " | ".join(f"{v:.2e}" for v in report.errors.values()) + " |")
+    if not report.errors:
+        print("(no --calib set: errors against FP32 were not measured)")
+    return 0
+
+
+def cmd_evaluate(a) -> int:
+    from evaluation.cli import run_from_args
+    return run_from_args(a)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="ttsq", description="Fast, quantized, measured ChatTTS-architecture TTS")
+    p.add_argument("--debug", action="store_true", help="show tracebacks")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    def model_args(s):
+        s.add_argument("--model", help="ttsq model folder, quantized artifact or official ChatTTS folder "
+                                       "(default: the shipped voice)")
+        s.add_argument("--device", default=None, help="cpu or cuda[:N] (default: cuda if available)")
+
+    s = sub.add_parser("synth", help="text to a 24 kHz WAV")
+    s.add_argument("text", help="the text, or - to read standard input")
+    s.add_argument("-o", "--output", required=True, help="WAV file to write")
+    model_args(s)
+    s.add_argument("--precision", default=None, help="apply a recipe at load (fp32, fp16, bf16, int8, int4, ...)")
+    s.add_argument("--seed", type=int, default=0, help="sampling seed")
+    s.add_argument("--speaker", default=None, help="a voice name of the model, or an integer speaker seed")
+    s.add_argument("--temperature", type=float, default=0.3)
+    s.add_argument("--top-p", type=float, default=0.7)
+    s.add_argument("--top-k", type=int, default=20)
+    s.add_argument("--max-steps", type=int, default=2048, help="GPT steps per sentence at most")
+    s.add_argument("--batch-size", type=int, default=8, help="sentences per batch")
+    s.add_argument("--force", action="store_true", help="overwrite an existing output file")
+    s.set_defaults(func=cmd_synth)
+
+    s = sub.add_parser("info", help="config, parameter counts, precision and size of a model")
+    s.add_argument("path")
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(func=cmd_info)
+
+    s = sub.add_parser("quantize", help="quantize with a calibration set and save a reloadable artifact")
+    model_args(s)
+    s.add_argument("--precision", required=True)
+    s.add_argument("--calib", help="calibration set (JSONL); without it: plain round-to-nearest")
+    s.add_argument("--out", required=True, help="artifact folder to write (atomically)")
+    s.add_argument("--limit", type=int, default=32, help="calibration texts to use (default 32)")
+    s.add_argument("--max-steps", type=int, default=96, help="GPT steps generated per calibration text")
+    s.add_argument("--keep-sensitive", type=int, default=0, help="keep the N most sensitive layers in float")
+    s.add_argument("--target-error", type=float, default=None, help="keep layers in float until the summed "
+                   "per-layer relative error is below this")
+    s.add_argument("--no-awq", action="store_true", help="skip activation-aware scaling")
+    s.add_argument("--force", action="store_true", help="replace an existing --out folder")
+    s.set_defaults(func=cmd_quantize, device="cpu")
+
+    try:
+        from evaluation.cli import add_evaluate_parser
+        add_evaluate_parser(sub, model_args)
+    except ImportError:
+        pass
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    os.environ.setdefault("TORCHAO_FORCE_SKIP_LOADING_SO_FILES", "1")
+    args = build_parser().parse_args(argv)
+    if not args.debug:
+        warnings.filterwarnings("default")
+    try:
+        return args.func(args)
+    except KeyboardInterrupt:
+        print("ttsq: interrupted", file=sys.stderr)
+        return 130
+    except (ValueError, OSError, RuntimeError, ImportError) as e:
+        if args.debug:
+            raise
+        print(f"ttsq: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

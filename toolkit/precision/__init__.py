@@ -1,0 +1,97 @@
+"""Precision recipes applied as module swaps: `quantize(model, "int4", device=..., calib=...)`."""
+from __future__ import annotations
+
+import io
+from dataclasses import asdict, dataclass, field
+from typing import Callable
+
+import torch
+
+from ..models import TTSModel
+from .calibration import (CalibrationData, LayerPlan, activation_aware_scale, record_inputs, relative_error,
+                          sensitivity, simulated_errors, stage_outputs, takes)
+from .recipes import RECIPES, Recipe, UnsupportedRecipe, get_recipe, quantizable_linears, stage_of, torchao_config
+
+__all__ = ["RECIPES", "QuantReport", "Recipe", "UnsupportedRecipe", "quantize", "state_bytes"]
+
+
+@dataclass
+class QuantReport:
+    precision: str
+    device: str
+    plan: LayerPlan
+    errors: dict[str, float] = field(default_factory=dict)  # per stage, relative to FP32 on the calibration set
+    bytes_before: int = 0
+    bytes_after: int = 0
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def state_bytes(model: torch.nn.Module) -> int:
+    buf = io.BytesIO()
+    torch.save(model.state_dict(), buf)
+    return buf.tell()
+
+
+def scale_where_it_helps(model: TTSModel, recipe: Recipe, calib: CalibrationData, names: list[str],
+                         reference: dict) -> dict[str, float]:
+    """Activation-aware scaling, kept per stage only where the simulated stage error goes down: the per-layer
+    objective can disagree with the stage output (e.g. on weights with no activation outliers)."""
+    before = simulated_errors(model, recipe, calib, names, reference)
+    snapshot = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    alphas = activation_aware_scale(model, recipe, record_inputs(model, calib, names))
+    after = simulated_errors(model, recipe, calib, names, reference)
+    worse = [s for s in after if after[s] >= before[s]]
+    if worse:
+        model.load_state_dict({k: v for k, v in snapshot.items() if stage_of(k) in worse}, strict=False)
+        alphas = {n: a for n, a in alphas.items() if stage_of(n) not in worse}
+    return alphas
+
+
+def quantize(model: TTSModel, precision: str, *, device: torch.device | str | None = None,
+             calib: CalibrationData | None = None, awq: bool = True, keep_sensitive: int = 0,
+             target_error: float | None = None, progress: Callable[[str, int, int], None] | None = None) -> QuantReport:
+    """Apply a recipe in place. With calibration data: activation-aware scaling (unless awq=False), then the
+    `keep_sensitive` most sensitive layers (or as many as `target_error` needs) stay in higher precision."""
+    device = torch.device(device) if device is not None else model.gpt.norm.weight.device
+    recipe = get_recipe(precision, device)
+    report = QuantReport(precision, device.type, LayerPlan(), bytes_before=state_bytes(model))
+    reference = stage_outputs(model, calib) if calib is not None else None
+    plan = report.plan
+    if recipe.is_quantized:
+        mods = dict(model.named_modules())
+        names = quantizable_linears(model)
+        plan.skipped = [n for n in names if not takes(recipe, mods[n])]
+        names = [n for n in names if n not in plan.skipped]
+        if calib is not None and awq:
+            plan.alphas = scale_where_it_helps(model, recipe, calib, names, reference)
+        if calib is not None and (keep_sensitive > 0 or target_error is not None):
+            step = (lambda i, n: progress("sensitivity", i, n)) if progress else None
+            plan.scores = sensitivity(model, recipe, calib, names, reference, step)
+            # the DVAE decoder is off the default synthesis path: it never takes the high-precision budget
+            ranked = sorted((n for n in names if stage_of(n) != "dvae"), key=plan.scores.get, reverse=True)
+            keep = ranked[:keep_sensitive]
+            if target_error is not None:  # per-layer errors add up roughly: keep until the rest fits the target
+                rest = ranked[::-1]
+                while rest and sum(plan.scores[n] for n in rest) > target_error:
+                    keep.append(rest.pop()) if rest[-1] not in keep else rest.pop()
+            plan.keep = [n for n in ranked if n in set(keep)]
+        plan.quantize = [n for n in names if n not in plan.keep]
+    model.to(device=device, dtype=recipe.compute_dtype(device))
+    if recipe.is_quantized and plan.quantize:
+        from torchao.quantization import quantize_
+        chosen = set(plan.quantize)
+        configs: dict[int, object] = {}
+        for n in plan.quantize:  # one config per input width (int4 configs do not depend on it, but stay safe)
+            k = dict(model.named_modules())[n].in_features
+            configs.setdefault(k, torchao_config(recipe, device, k))
+        for k, cfg in configs.items():
+            quantize_(model, cfg, filter_fn=lambda m, fqn, k=k: fqn in chosen and m.in_features == k)
+    if calib is not None:
+        after = stage_outputs(model, calib)
+        report.errors = {s: relative_error(after[s], reference[s]) for s in after}
+    report.bytes_after = state_bytes(model)
+    model.precision = precision
+    model.quant_report = report
+    return report

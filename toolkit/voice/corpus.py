@@ -1,0 +1,395 @@
+"""Build the espeak-ng training corpus for ttsq's shipped voice.
+
+    python -m toolkit.voice.corpus --out DIR [--train 3000] [--heldout 100] [--seed 0] [--workers 2]
+
+Texts are generated from templates (English and Mandarin in Han characters; short to long sentences,
+numbers, dates, times, prices, percentages, questions, exclamations). Each utterance is spoken by one of
+several espeak-ng voice variants (the speakers; every variant speaks both languages), resampled from
+espeak's 22.05 kHz to 24 kHz. The held-out sentences are never trained on; their espeak audio is the
+evaluation reference.
+
+DIR gets:
+  meta.jsonl           one line per utterance: id, split, lang, speaker, text, phonemes, seconds
+  tokenizer.json       char tokenizer over the phoneme inventory plus ChatTTS control tokens
+  heldout/ID.wav       24 kHz reference audio of the held-out sentences
+  pack/                compact training data (what travels to the GPU):
+    index.npz          mel_off, ids (prompt token ids), ids_off, spk, lang, wav_off, wav_utt
+    mel.u8.xz          uint8-quantised log-mel (frames x 100), delta-coded along time, lzma
+    wav.i16.xz         int16 PCM of a subset (for the vocoder), delta-coded, lzma
+    pack.json          speakers, quantisation range, sizes
+The corpus is generated, never committed.
+"""
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import random
+import subprocess
+import time
+import wave
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+
+# speaker name -> espeak voice variant suffix (each speaks en-us and Mandarin)
+SPEAKERS = {"m1": "", "f2": "+f2", "m3": "+m3", "f4": "+f4", "m7": "+m7", "f5": "+f5"}
+VOICE = {"en": "en-us", "zh": "cmn-latn-pinyin"}
+SR = 24000
+MEL_LO, MEL_HI = -11.6, 4.4  # uint8 quantisation range of the log-mel (log clip 1e-5 = -11.51)
+MAX_SECONDS = 8.0
+
+# ----------------------------------------------------------------------------------------------
+# English text
+EN_SUBJ = ["The teacher", "My brother", "A small dog", "Our neighbor", "The old man", "She", "He", "They", "We",
+           "The children", "Doctor Lee", "The pilot", "My sister", "The manager", "Everyone", "Nobody",
+           "The little girl", "A young student", "The driver", "Grandma", "The team", "Our friends", "I", "You",
+           "The baker", "A tall woman", "The police officer", "Mister Brown", "The cat", "Her parents"]
+EN_VERB = ["found", "bought", "painted", "opened", "carried", "forgot", "needs", "wants", "likes", "cleaned",
+           "sold", "borrowed", "fixed", "lost", "watched", "picked up", "dropped", "ordered", "wrapped", "moved",
+           "checked", "described", "built", "visited", "remembered", "washed", "brought", "sent"]
+EN_OBJ = ["a red umbrella", "the heavy box", "three apples", "an old map", "the kitchen table", "a new bicycle",
+          "the front door", "two tickets", "a cup of coffee", "the yellow house", "some fresh bread",
+          "the broken window", "a long letter", "the blue car", "a bag of rice", "the garden fence",
+          "a silver ring", "the empty bottle", "a warm jacket", "the morning paper", "five pencils",
+          "the wooden chair", "a bunch of flowers", "the quiet room", "a tiny kitten", "the school bus"]
+EN_PLACE = ["in the park", "at the station", "near the river", "behind the library", "in the city center",
+            "at home", "on the bridge", "in the small village", "at the airport", "inside the museum",
+            "by the sea", "at the market", "on the second floor", "under the old tree", "in the office"]
+EN_TIME = ["this morning", "last night", "yesterday", "on Monday", "every Sunday", "after lunch",
+           "before dinner", "in the spring", "at midnight", "two weeks ago", "next Friday", "today"]
+EN_ADJ = ["beautiful", "strange", "wonderful", "terrible", "quiet", "busy", "bright", "cold", "funny", "lovely",
+          "difficult", "simple", "huge", "clever", "gentle", "noisy"]
+EN_NOUN = ["day", "idea", "story", "song", "garden", "answer", "morning", "journey", "surprise", "city",
+           "dinner", "question", "picture", "game", "holiday"]
+EN_SHORT = ["Yes.", "No.", "Thank you.", "Good morning!", "Okay, let's go.", "Hello there.", "See you soon.",
+            "Wait a moment.", "Of course.", "Not today.", "Excuse me?", "Well done!", "Good night.", "I agree.",
+            "Really?", "Come in, please.", "Happy birthday!", "Be careful!", "Sounds good.", "Why not?",
+            "Hurry up!", "Welcome back.", "That's right.", "Never mind.", "Take care."]
+MONTHS = ["January", "February", "March", "April", "May", "June", "July", "August", "September", "October",
+          "November", "December"]
+EN_CONJ = [", and ", ", but ", ", so ", " because ", " while ", ", although ", "; however, ", " when ", " after "]
+
+
+def _ordinal(n: int) -> str:
+    suffix = "th" if 10 <= n % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
+    return f"{n}{suffix}"
+
+
+def en_clause(r: random.Random) -> str:
+    k = r.randrange(7)
+    if k == 0:
+        return f"{r.choice(EN_SUBJ)} {r.choice(EN_VERB)} {r.choice(EN_OBJ)}"
+    if k == 1:
+        return f"{r.choice(EN_SUBJ)} {r.choice(EN_VERB)} {r.choice(EN_OBJ)} {r.choice(EN_PLACE)}"
+    if k == 2:
+        return f"{r.choice(EN_SUBJ)} {r.choice(EN_VERB)} {r.choice(EN_OBJ)} {r.choice(EN_TIME)}"
+    if k == 3:
+        return f"the weather was {r.choice(EN_ADJ)} {r.choice(EN_TIME)}"
+    if k == 4:
+        return f"{r.choice(EN_SUBJ).lower() if r.random() < 0.3 else r.choice(EN_SUBJ)} waited {r.choice(EN_PLACE)}"
+    if k == 5:
+        return f"it was a {r.choice(EN_ADJ)} {r.choice(EN_NOUN)}"
+    return f"{r.choice(EN_SUBJ)} met {r.choice(EN_SUBJ).lower()} {r.choice(EN_PLACE)}"
+
+
+def en_number_sentence(r: random.Random) -> str:
+    k = r.randrange(10)
+    if k == 0:
+        return f"The meeting is on {r.choice(MONTHS)} {_ordinal(r.randint(1, 28))}, {r.randint(1950, 2030)}."
+    if k == 1:
+        return f"It costs ${r.randint(1, 500)}.{r.randint(0, 99):02d}."
+    if k == 2:
+        return f"The train leaves at {r.randint(1, 12)}:{r.randint(0, 59):02d}."
+    if k == 3:
+        return f"About {r.randint(2, 98)}% of the {r.choice(['students', 'people', 'votes', 'tickets'])} were {r.choice(['sold', 'counted', 'ready', 'late'])}."
+    if k == 4:
+        return f"Please call {r.randint(200, 999)}-{r.randint(100, 999)}-{r.randint(1000, 9999)} after {r.randint(1, 11)} p.m."
+    if k == 5:
+        return f"The temperature reached {r.randint(-20, 45)} degrees on {r.choice(MONTHS)} {r.randint(1, 30)}."
+    if k == 6:
+        return f"Room {r.randint(100, 999)} is on floor {r.randint(1, 30)}."
+    if k == 7:
+        return f"She ran {r.randint(2, 42)}.{r.randint(1, 9)} kilometers in {r.randint(10, 59)} minutes."
+    if k == 8:
+        return f"We counted {r.randint(1000, 999999):,} {r.choice(['birds', 'cars', 'visitors', 'stars'])} in {r.randint(1990, 2029)}."
+    return f"Chapter {r.randint(1, 40)} starts on page {r.randint(2, 900)}."
+
+
+def en_sentence(r: random.Random) -> str:
+    k = r.random()
+    if k < 0.12:
+        return r.choice(EN_SHORT)
+    if k < 0.35:
+        return en_number_sentence(r)
+    if k < 0.45:
+        s = f"{r.choice(['Did', 'Why did', 'Where did', 'When did'])} {r.choice(EN_SUBJ).lower()} find {r.choice(EN_OBJ)}?"
+        return s.replace(" i ", " I ")
+    if k < 0.52:
+        return f"What a {r.choice(EN_ADJ)} {r.choice(EN_NOUN)}!"
+    n = 1 if k < 0.8 else 2 if k < 0.95 else 3
+    s = en_clause(r)
+    for _ in range(n - 1):
+        s += r.choice(EN_CONJ) + _lower_first(en_clause(r))
+    s = s[0].upper() + s[1:]
+    return s + r.choice([".", ".", ".", "!"])
+
+
+def _lower_first(s: str) -> str:
+    return s if s.startswith(("I ", "Doctor", "Mister", "Grandma")) else s[0].lower() + s[1:]
+
+
+# ----------------------------------------------------------------------------------------------
+# Mandarin text (Han characters; espeak-ng reads them through its zh dictionary)
+ZH_SUBJ = ["我", "你", "他", "她", "我们", "老师", "妈妈", "爸爸", "小明", "学生们", "医生", "我的朋友", "这只小狗",
+           "奶奶", "哥哥", "妹妹", "经理", "大家", "司机", "那个孩子", "王先生", "李老师"]
+ZH_VERB = ["喜欢", "看见了", "买了", "想要", "需要", "找到了", "带来了", "打开了", "忘记了", "拿走了", "借了",
+           "修好了", "送给我", "洗干净了", "准备了", "画了"]
+ZH_OBJ = ["一本书", "苹果", "新电脑", "那辆车", "一杯咖啡", "很多花", "这个问题", "两张票", "一封信", "红色的雨伞",
+          "那张桌子", "一只小猫", "新衣服", "一碗米饭", "这扇门", "一张地图", "三个杯子", "一份报纸"]
+ZH_PLACE = ["在北京", "在学校", "在家里", "在公园里", "在图书馆", "在上海", "在火车站", "在商店里", "在河边",
+            "在办公室", "在医院", "在饭馆里"]
+ZH_TIME = ["今天", "明天早上", "昨天晚上", "下午", "星期五", "周末", "每天", "去年", "刚才", "晚饭以后"]
+ZH_ADJ = ["很好", "非常热", "有点冷", "特别漂亮", "很安静", "太忙了", "很有意思", "非常简单"]
+ZH_NOUN = ["天气", "这个城市", "那本书", "这首歌", "今天的课", "他的房间", "这个办法", "公园"]
+ZH_SHORT = ["你好！", "谢谢你。", "没问题。", "好的。", "再见！", "对不起。", "早上好！", "请进。", "没关系。",
+            "太好了！", "真的吗？", "晚安。", "请等一下。", "我知道了。", "不客气。", "小心！", "欢迎回来。"]
+ZH_CONJ = [("", "，但是"), ("因为", "，所以"), ("", "，然后"), ("虽然", "，但是"), ("", "，而且"), ("如果", "，就")]
+
+
+def zh_clause(r: random.Random) -> str:
+    k = r.randrange(5)
+    if k == 0:
+        return f"{r.choice(ZH_SUBJ)}{r.choice(ZH_VERB)}{r.choice(ZH_OBJ)}"
+    if k == 1:
+        return f"{r.choice(ZH_SUBJ)}{r.choice(ZH_TIME)}{r.choice(ZH_PLACE)}{r.choice(ZH_VERB)}{r.choice(ZH_OBJ)}"
+    if k == 2:
+        return f"{r.choice(ZH_TIME)}{r.choice(ZH_NOUN)}{r.choice(ZH_ADJ)}"
+    if k == 3:
+        return f"{r.choice(ZH_SUBJ)}{r.choice(ZH_PLACE)}等{r.choice(ZH_SUBJ)}"
+    return f"{r.choice(ZH_SUBJ)}{r.choice(ZH_TIME)}{r.choice(ZH_VERB)}{r.choice(ZH_OBJ)}"
+
+
+def zh_number_sentence(r: random.Random) -> str:
+    k = r.randrange(8)
+    if k == 0:
+        return f"会议在{r.randint(1990, 2030)}年{r.randint(1, 12)}月{r.randint(1, 28)}日举行。"
+    if k == 1:
+        return f"这个东西{r.randint(2, 999)}块钱。"
+    if k == 2:
+        return f"火车{r.randint(1, 12)}点{r.randint(1, 59)}分出发。"
+    if k == 3:
+        return f"百分之{r.randint(2, 99)}的学生同意了。"
+    if k == 4:
+        return f"他的电话是{r.randint(130, 189)}{r.randint(1000, 9999)}{r.randint(1000, 9999)}。"
+    if k == 5:
+        return f"今天气温是{r.randint(-10, 40)}度。"
+    if k == 6:
+        return f"我们班有{r.randint(10, 60)}个学生，{r.randint(2, 9)}位老师。"
+    return f"他跑了{r.randint(2, 42)}公里，用了{r.randint(10, 59)}分钟。"
+
+
+def zh_sentence(r: random.Random) -> str:
+    k = r.random()
+    if k < 0.12:
+        return r.choice(ZH_SHORT)
+    if k < 0.35:
+        return zh_number_sentence(r)
+    if k < 0.45:
+        return f"{r.choice(ZH_SUBJ)}{r.choice(ZH_VERB)}{r.choice(ZH_OBJ)}吗？"
+    if k < 0.52:
+        return f"{r.choice(ZH_NOUN)}{r.choice(ZH_ADJ)}！"
+    if k < 0.8:
+        return zh_clause(r) + "。"
+    a, b = r.choice(ZH_CONJ)
+    s = f"{a}{zh_clause(r)}{b}{zh_clause(r)}"
+    if k > 0.95:
+        s += "，" + zh_clause(r)
+    return s + "。"
+
+
+def make_texts(n_train: int, n_heldout: int, seed: int) -> list[dict]:
+    """Unique texts, alternating English and Mandarin; the held-out ones are drawn first."""
+    r = random.Random(seed)
+    seen: set[str] = set()
+    out = []
+    total = n_train + n_heldout
+    while len(out) < total:
+        lang = "en" if len(out) % 2 == 0 else "zh"
+        text = en_sentence(r) if lang == "en" else zh_sentence(r)
+        if text in seen and (len(out) < n_heldout or r.random() < 0.97):
+            continue  # held-out texts are unique; the training set may repeat a few short phrases
+        if len(out) < n_heldout and len(text) < (12 if lang == "en" else 5):
+            continue  # held-out: real sentences
+        seen.add(text)
+        out.append({"lang": lang, "text": text, "split": "heldout" if len(out) < n_heldout else "train"})
+    held = {o["text"] for o in out[:n_heldout]}
+    out = out[:n_heldout] + [o for o in out[n_heldout:] if o["text"] not in held]
+    spk_names = list(SPEAKERS)
+    for i, o in enumerate(out):
+        o["id"] = f"{o['split'][:2]}{i:05d}"
+        o["speaker"] = spk_names[(i // 2) % len(spk_names)] if o["split"] == "heldout" else r.choice(spk_names)
+    return out
+
+
+# ----------------------------------------------------------------------------------------------
+def espeak_wav(text: str, lang: str, speaker: str) -> np.ndarray:
+    """-> float32 mono at 24 kHz."""
+    from scipy.signal import resample_poly
+
+    voice = VOICE[lang] + SPEAKERS[speaker]
+    res = subprocess.run(["espeak-ng", "-v", voice, "--stdout", text], capture_output=True, check=True)
+    with wave.open(io.BytesIO(res.stdout)) as w:
+        sr = w.getframerate()
+        pcm = np.frombuffer(w.readframes(w.getnframes()), dtype=np.int16)
+    x = pcm.astype(np.float32) / 32768.0
+    if sr != SR:
+        from math import gcd
+        g = gcd(SR, sr)
+        x = resample_poly(x, SR // g, sr // g).astype(np.float32)
+    return x
+
+
+def trim(x: np.ndarray, thresh: float = 1e-3, pad: int = 2400) -> np.ndarray:
+    """Trim leading/trailing silence to 0.1 s."""
+    idx = np.flatnonzero(np.abs(x) > thresh)
+    if len(idx) == 0:
+        return x
+    return x[max(0, idx[0] - pad): idx[-1] + pad]
+
+
+def quantise_mel(mel: np.ndarray) -> np.ndarray:
+    q = np.round((mel - MEL_LO) / (MEL_HI - MEL_LO) * 255.0)
+    return np.clip(q, 0, 255).astype(np.uint8)
+
+
+def dequantise_mel(q: np.ndarray) -> np.ndarray:
+    return q.astype(np.float32) / 255.0 * (MEL_HI - MEL_LO) + MEL_LO
+
+
+def save_pack(folder: Path, **arrays) -> None:
+    """Small arrays in index.npz; the mel (delta-coded along time, mod 256) and PCM (delta-coded) as .xz:
+    espeak's regular spectra compress about 1.8x better that way than with zlib."""
+    import lzma
+
+    mel, wav = arrays.pop("mel"), arrays.pop("wav")
+    np.savez(folder / "index.npz", mel_shape=np.array(mel.shape), wav_len=np.array([len(wav)]), **arrays)
+    dm = np.diff(mel.astype(np.int16), axis=0, prepend=np.zeros((1, mel.shape[1]), np.int16)).astype(np.uint8)
+    (folder / "mel.u8.xz").write_bytes(lzma.compress(dm.tobytes(), preset=6))
+    dw = np.diff(wav.astype(np.int32), prepend=0).astype(np.int16)  # wraps mod 2^16, undone by cumsum
+    (folder / "wav.i16.xz").write_bytes(lzma.compress(dw.tobytes(), preset=6))
+
+
+def load_pack(folder: Path) -> dict:
+    import lzma
+
+    folder = Path(folder)
+    idx = dict(np.load(folder / "index.npz"))
+    F, M = (int(x) for x in idx.pop("mel_shape"))
+    dm = np.frombuffer(lzma.decompress((folder / "mel.u8.xz").read_bytes()), np.uint8).reshape(F, M)
+    idx["mel"] = np.cumsum(dm, axis=0, dtype=np.uint8)  # uint8 arithmetic wraps mod 256
+    dw = np.frombuffer(lzma.decompress((folder / "wav.i16.xz").read_bytes()), np.int16)
+    idx["wav"] = np.cumsum(dw, dtype=np.int16)
+    idx.pop("wav_len")
+    idx["info"] = json.loads((folder / "pack.json").read_text())
+    return idx
+
+
+def build(out: Path, n_train: int, n_heldout: int, seed: int, workers: int, vocoder_seconds: float) -> dict:
+    import soundfile as sf
+    import torch
+
+    from ..frontend import EspeakFrontend
+    from ..models.config import VocosConfig
+    from ..models.tokenizer import build_char_tokenizer
+    from ..models.vocos import LogMel
+
+    t0 = time.time()
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "heldout").mkdir(exist_ok=True)
+    (out / "pack").mkdir(exist_ok=True)
+    items = make_texts(n_train, n_heldout, seed)
+    fe = EspeakFrontend()
+    for it in items:
+        it["phonemes"] = fe(it["text"])
+
+    def synth(it):
+        return trim(espeak_wav(it["text"], it["lang"], it["speaker"]))
+
+    with ThreadPoolExecutor(workers) as ex:
+        wavs = list(ex.map(synth, items, chunksize=16))
+    print(f"espeak: {len(items)} utterances in {time.time() - t0:.0f} s", flush=True)
+
+    keep = [i for i, w in enumerate(wavs) if len(w) / SR <= MAX_SECONDS or items[i]["split"] == "heldout"]
+    items = [items[i] for i in keep]
+    wavs = [wavs[i] for i in keep]
+    inventory = "".join(sorted({c for it in items for c in it["phonemes"]}))
+    tok = build_char_tokenizer(inventory, out / "tokenizer.json")
+    from ..text import prompt_text
+
+    logmel = LogMel(VocosConfig())
+    mels, ids, spk, lang, wav_utt, wav_parts = [], [], [], [], [], []
+    spk_names = list(SPEAKERS)
+    r = random.Random(seed + 1)
+    train_idx = [i for i, it in enumerate(items) if it["split"] == "train"]
+    voc_set: set[int] = set()
+    budget = vocoder_seconds
+    for i in r.sample(train_idx, len(train_idx)):
+        if budget <= 0:
+            break
+        voc_set.add(i)
+        budget -= len(wavs[i]) / SR
+    with open(out / "meta.jsonl", "w", encoding="utf-8") as f:
+        for i, (it, w) in enumerate(zip(items, wavs)):
+            it["seconds"] = round(len(w) / SR, 3)
+            f.write(json.dumps(it, ensure_ascii=False) + "\n")
+            if it["split"] == "heldout":
+                sf.write(out / "heldout" / f"{it['id']}.wav", w, SR, subtype="PCM_16")
+                continue
+            with torch.no_grad():
+                mel = logmel(torch.from_numpy(w)[None])[0].T.numpy()  # (F, 100)
+            mels.append(quantise_mel(mel))
+            enc, _ = tok.encode([prompt_text(it["phonemes"], tok.has)])
+            ids.append(enc[0].numpy().astype(np.int16))
+            spk.append(spk_names.index(it["speaker"]))
+            lang.append(0 if it["lang"] == "en" else 1)
+            if i in voc_set:
+                wav_utt.append(len(mels) - 1)
+                wav_parts.append(np.clip(np.round(w * 32767), -32768, 32767).astype(np.int16))
+
+    def cat(parts, dtype):
+        off = np.cumsum([0] + [len(p) for p in parts]).astype(np.int64)
+        return np.concatenate(parts).astype(dtype), off
+
+    mel_all, mel_off = cat(mels, np.uint8)
+    ids_all, ids_off = cat(ids, np.int16)
+    wav_all, wav_off = cat(wav_parts, np.int16)
+    save_pack(out / "pack", mel=mel_all, mel_off=mel_off, ids=ids_all, ids_off=ids_off,
+              spk=np.array(spk, np.int16), lang=np.array(lang, np.int8), wav=wav_all, wav_off=wav_off,
+              wav_utt=np.array(wav_utt, np.int32))
+    info = {"speakers": spk_names, "mel_range": [MEL_LO, MEL_HI], "sample_rate": SR, "utterances": len(mels),
+            "heldout": sum(it["split"] == "heldout" for it in items), "vocab_size": tok.vocab_size,
+            "train_seconds": round(float(mel_off[-1]) * 256 / SR, 1), "vocoder_seconds": round(len(wav_all) / SR, 1),
+            "pack_bytes": sum(f.stat().st_size for f in (out / "pack").iterdir()), "seed": seed, "build_seconds": round(time.time() - t0, 1)}
+    (out / "pack" / "pack.json").write_text(json.dumps(info, indent=2))
+    import shutil
+    shutil.copyfile(out / "tokenizer.json", out / "pack" / "tokenizer.json")
+    print(json.dumps(info, indent=2))
+    return info
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", required=True, type=Path)
+    ap.add_argument("--train", type=int, default=2100, help="training utterances")
+    ap.add_argument("--heldout", type=int, default=100, help="held-out sentences (evaluation only)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--vocoder-seconds", type=float, default=200.0, help="seconds of PCM kept for the vocoder")
+    a = ap.parse_args(argv)
+    build(a.out, a.train, a.heldout, a.seed, a.workers, a.vocoder_seconds)
+
+
+if __name__ == "__main__":
+    main()

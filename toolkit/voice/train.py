@@ -1,0 +1,612 @@
+"""Train ttsq's shipped voice from an espeak-ng corpus pack (see toolkit.voice.corpus). Three stages:
+
+  vocos  mel -> wav (mel L1 + multi-resolution STFT losses) on the PCM subset
+  dvae   mel -> GFSQ codes (4 codebooks of 625 = 5^4, G=2, R=2, straight-through) -> DVAEDecoder -> mel
+  gpt    phoneme tokens + speaker -> codes (ChatTTS prompt layout, teacher forced, EOS = 625 in every codebook)
+         jointly with the Decoder (GPT hidden states -> mel, L1), a guided-attention loss on two heads, and
+         a short-to-long curriculum
+
+Seeded; bounded by --minutes (wall clock) or --steps; resumes from --resume (weights of any dtype).
+With --parallel the vocoder trains in a second process next to dvae -> gpt (one GPU holds both).
+
+  python -m toolkit.voice.train --data corpus/pack --out runs/voice --minutes 8.5 --parallel --device cuda
+  python -m toolkit.voice.train --export toolkit/assets/voice --resume runs/voice --data corpus/pack
+  python -m toolkit.voice.train --smoke --out /tmp/smoke       # seconds on CPU: tiny corpus, tiny model
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from ..models.config import ConvStackConfig, GFSQConfig, GPTConfig, ModelConfig, VocosConfig
+from ..models.convnext import ConvNeXtBlock
+from ..models.decoder import ConvStack, DVAEDecoder
+from ..models.gpt import GPT
+from ..models.speaker import apply_speaker
+from ..models.vocos import LogMel, Vocos
+
+SHARD_BYTES = 15 * 2**20
+MEL_LO, MEL_HI = -11.6, 4.4
+
+
+def voice_config(vocab: int, smoke: bool = False) -> ModelConfig:
+    if smoke:
+        return ModelConfig(
+            gpt=GPTConfig(hidden=64, layers=2, heads=4, intermediate=128, max_positions=768, num_text_tokens=vocab),
+            decoder=ConvStackConfig(idim=32, odim=32, hidden=64, layers=2, bn_dim=16),
+            dvae=ConvStackConfig(idim=32, odim=32, hidden=64, layers=2, bn_dim=16),
+            gfsq=GFSQConfig(dim=64), vocos=VocosConfig(dim=64, intermediate=128, layers=2))
+    return ModelConfig(
+        gpt=GPTConfig(hidden=256, layers=6, heads=4, intermediate=640, max_positions=1536, num_text_tokens=vocab),
+        decoder=ConvStackConfig(idim=128, odim=128, hidden=192, layers=4, bn_dim=64),
+        dvae=ConvStackConfig(idim=128, odim=128, hidden=128, layers=3, bn_dim=64),
+        gfsq=GFSQConfig(dim=256), vocos=VocosConfig(dim=256, intermediate=768, layers=4))
+
+
+# --- checkpoints: sharded, any dtype -------------------------------------------------------------
+def save_state(folder: Path, name: str, state: dict[str, Tensor], meta: dict, dtype=None) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    for old in folder.glob(f"{name}.*.pt"):
+        old.unlink()
+    shards, cur, size = [], {}, 0
+    for k, v in state.items():
+        v = v.detach().cpu()
+        if dtype is not None and v.is_floating_point():
+            v = v.to(dtype)
+        if cur and size + v.numel() * v.element_size() > SHARD_BYTES:
+            shards.append(cur)
+            cur, size = {}, 0
+        cur[k] = v.contiguous()
+        size += v.numel() * v.element_size()
+    shards.append(cur)
+    for i, s in enumerate(shards):
+        torch.save(s, folder / f"{name}.{i}.pt")
+    (folder / f"{name}.json").write_text(json.dumps({**meta, "shards": len(shards)}, indent=1))
+
+
+def load_state(folder: Path | None, name: str) -> tuple[dict[str, Tensor], dict] | None:
+    if folder is None or not (Path(folder) / f"{name}.json").is_file():
+        return None
+    folder = Path(folder)
+    meta = json.loads((folder / f"{name}.json").read_text())
+    state = {}
+    for i in range(meta["shards"]):
+        state.update(torch.load(folder / f"{name}.{i}.pt", map_location="cpu", weights_only=True))
+    return {k: v.float() if v.is_floating_point() else v for k, v in state.items()}, meta
+
+
+def sub_state(state: dict, prefix: str) -> dict:
+    return {k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)}
+
+
+# --- data ----------------------------------------------------------------------------------------
+class Data:
+    def __init__(self, pack: dict, device):
+        self.mel_q = torch.from_numpy(pack["mel"])  # (frames, 100) uint8
+        self.mel_off = pack["mel_off"]
+        self.ids = torch.from_numpy(pack["ids"].astype(np.int64))
+        self.ids_off = pack["ids_off"]
+        self.spk = torch.from_numpy(pack["spk"].astype(np.int64))
+        self.wav = torch.from_numpy(pack["wav"].astype(np.float32) / 32768.0)
+        self.wav_off = pack["wav_off"]
+        self.info = pack["info"]
+        self.n = len(self.spk)
+        self.frames = np.diff(self.mel_off)
+        self.steps = self.frames // 2
+        self.device = device
+
+    def mel(self, i: int) -> Tensor:
+        q = self.mel_q[self.mel_off[i]: self.mel_off[i + 1]].float()
+        return (q / 255.0 * (MEL_HI - MEL_LO) + MEL_LO).T  # (100, F)
+
+    def prompt(self, i: int) -> Tensor:
+        return self.ids[self.ids_off[i]: self.ids_off[i + 1]]
+
+
+def lr_at(step: int, frac: float, peak: float, warmup: int) -> float:
+    w = min(1.0, (step + 1) / warmup)
+    return peak * w * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, frac))))
+
+
+class Budget:
+    def __init__(self, minutes: float | None, steps: int | None):
+        self.t0, self.seconds, self.steps = time.time(), (minutes or 0) * 60, steps
+
+    def frac(self, step: int) -> float:
+        if self.steps:
+            return step / self.steps
+        return (time.time() - self.t0) / max(self.seconds, 1e-9)
+
+    def done(self, step: int) -> bool:
+        return self.frac(step) >= 1.0
+
+
+def autocast(device):
+    return torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=device.type == "cuda")
+
+
+# --- stage 1: vocoder ----------------------------------------------------------------------------
+def stft_mag(x: Tensor, n_fft: int, hop: int) -> Tensor:
+    win = torch.hann_window(n_fft, device=x.device)
+    return torch.stft(x, n_fft, hop, window=win, return_complex=True).abs().clamp(min=1e-5)
+
+
+def train_vocos(cfg: ModelConfig, data: Data, args, device, log) -> None:
+    torch.manual_seed(args.seed)
+    g = np.random.default_rng(args.seed)
+    vocos = Vocos(cfg.vocos).to(device)
+    logmel = LogMel(cfg.vocos).to(device)
+    prev = load_state(args.resume, "vocos")
+    step0 = 0
+    if prev:
+        vocos.load_state_dict(prev[0])
+        step0 = prev[1].get("step", 0)
+    opt = torch.optim.AdamW(vocos.parameters(), lr=args.vocos_lr, betas=(0.8, 0.99), weight_decay=0.0)
+    seg = 64 * 256 if not args.smoke else 16 * 256
+    B = args.vocos_batch
+    wav = data.wav.to(device)
+    starts, ends = data.wav_off[:-1], data.wav_off[1:]
+    ok = np.flatnonzero(ends - starts > seg)
+    budget = Budget(args.vocos_minutes, args.vocos_steps)
+    step = 0
+    while not budget.done(step):
+        idx = g.choice(ok, B)
+        offs = [int(g.integers(starts[i], ends[i] - seg)) for i in idx]
+        x = torch.stack([wav[o: o + seg] for o in offs])
+        for pg in opt.param_groups:
+            pg["lr"] = lr_at(step, budget.frac(step), args.vocos_lr, 200 if prev else 500)
+        with torch.no_grad():
+            mel = logmel(x)
+        with autocast(device):
+            spec = vocos.spectrum(mel)
+        y = vocos.istft(spec)
+        n = min(y.shape[-1], x.shape[-1])
+        y, xr = y[:, :n], x[:, :n]
+        loss_mel = F.l1_loss(logmel(y), logmel(xr))
+        loss_stft = 0.0
+        for n_fft, hop in ((512, 128), (1024, 256), (2048, 512)):
+            a, b = stft_mag(y, n_fft, hop), stft_mag(xr, n_fft, hop)
+            loss_stft = loss_stft + (b - a).norm() / b.norm() + F.l1_loss(a.log(), b.log())
+        loss = loss_mel + loss_stft / 3
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(vocos.parameters(), 1.0)
+        opt.step()
+        if step % args.log_every == 0:
+            log("vocos", step0 + step, mel_l1=loss_mel.item(), stft=float(loss_stft) / 3)
+        step += 1
+    save_state(Path(args.out), "vocos", vocos.state_dict(), {"step": step0 + step})
+    log("vocos", step0 + step, done=1)
+
+
+# --- stage 2: DVAE (codes) -------------------------------------------------------------------------
+class DVAEEncoder(nn.Module):
+    """mel (B, 100, 2T) -> pre-quantisation values in [-1, 1], (B, G, T, L). Training only."""
+
+    def __init__(self, cfg: ModelConfig, hidden: int = 256, layers: int = 3):
+        super().__init__()
+        self.G, self.L = cfg.gfsq.groups, len(cfg.gfsq.levels)
+        self.conv_in = nn.Sequential(nn.Conv1d(cfg.vocos.n_mels, hidden, 3, padding=1), nn.GELU())
+        self.blocks = nn.ModuleList(ConvNeXtBlock(hidden, 4 * hidden, 7, 1) for _ in range(layers))
+        self.down = nn.Conv1d(2 * hidden, hidden, 3, padding=1)
+        self.proj = nn.Conv1d(hidden, self.G * self.L, 1)
+
+    def forward(self, mel: Tensor) -> Tensor:
+        x = self.conv_in(mel)
+        for b in self.blocks:
+            x = b(x)
+        B, H, T2 = x.shape
+        x = x.view(B, H, T2 // 2, 2).permute(0, 3, 1, 2).reshape(B, 2 * H, T2 // 2)
+        z = torch.tanh(self.proj(F.gelu(self.down(x))).float())  # (B, G*L, T)
+        return z.view(B, self.G, self.L, -1).transpose(2, 3)
+
+
+def quantise(z: Tensor, residuals: int, levels: int = 5) -> tuple[Tensor, Tensor]:
+    """z (B, G, T, L) in [-1, 1] -> (straight-through value (B, G, T, L), digits (B, G, R, T, L))."""
+    half = (levels - 1) / 2
+    value = torch.zeros_like(z)
+    digits = []
+    target = z
+    for r in range(residuals):
+        scale = (levels - 1) ** -r
+        d = torch.clamp(torch.round(target / scale * half), -half, half)
+        digits.append((d + half).long())
+        value = value + d / half * scale
+        target = z - value
+    return z + (value - z).detach(), torch.stack(digits, 2)
+
+
+def codes_from_digits(digits: Tensor, levels: int = 5) -> Tensor:
+    """digits (B, G, R, T, L) -> codes (B, T, G*R) (codebook q = g * R + r, like GFSQ)."""
+    L = digits.shape[-1]
+    basis = levels ** torch.arange(L, device=digits.device)
+    codes = (digits * basis).sum(-1)  # (B, G, R, T)
+    B, G, R, T = codes.shape
+    return codes.reshape(B, G * R, T).transpose(1, 2)
+
+
+def dvae_features(dec: DVAEDecoder, value: Tensor) -> Tensor:
+    """value (B, G, T, L) -> (B, dim, T), what GFSQ.forward gives for the matching codes."""
+    out = [proj(value[:, g]) for g, proj in enumerate(dec.gfsq.project_out)]
+    return torch.cat(out, dim=-1).transpose(1, 2)
+
+
+def mel_batch(data: Data, idx, device, frames: int | None = None, g=None) -> tuple[Tensor, Tensor]:
+    """-> mel (B, 100, Fmax even) padded with the silence floor, and frame mask (B, Fmax)."""
+    mels = []
+    for i in idx:
+        m = data.mel(i)
+        if frames is not None and m.shape[1] > frames:
+            o = int(g.integers(0, (m.shape[1] - frames) // 2 + 1)) * 2
+            m = m[:, o: o + frames]
+        mels.append(m[:, : m.shape[1] // 2 * 2])
+    Fm = max(m.shape[1] for m in mels)
+    out = torch.full((len(mels), mels[0].shape[0], Fm), math.log(1e-5))
+    mask = torch.zeros(len(mels), Fm, dtype=torch.bool)
+    for j, m in enumerate(mels):
+        out[j, :, : m.shape[1]] = m
+        mask[j, : m.shape[1]] = True
+    return out.to(device), mask.to(device)
+
+
+def train_dvae(cfg: ModelConfig, data: Data, args, device, log) -> tuple[DVAEEncoder, DVAEDecoder]:
+    torch.manual_seed(args.seed + 1)
+    g = np.random.default_rng(args.seed + 1)
+    enc = DVAEEncoder(cfg, hidden=64 if args.smoke else 256).to(device)
+    dec = DVAEDecoder(cfg.dvae, cfg.gfsq).to(device)
+    prev = load_state(args.resume, "dvae")
+    if prev:
+        enc.load_state_dict(sub_state(prev[0], "enc."))
+        dec.load_state_dict(sub_state(prev[0], "dec."))
+        if args.dvae_minutes == 0 and not args.dvae_steps:
+            return enc.eval(), dec.eval()
+    params = list(enc.parameters()) + list(dec.parameters())
+    opt = torch.optim.AdamW(params, lr=args.dvae_lr, weight_decay=0.0)
+    budget = Budget(args.dvae_minutes, args.dvae_steps)
+    step = 0
+    while not budget.done(step):
+        idx = g.integers(0, data.n, args.dvae_batch)
+        mel, mask = mel_batch(data, idx, device, frames=256, g=g)
+        for pg in opt.param_groups:
+            pg["lr"] = lr_at(step, budget.frac(step), args.dvae_lr, 300)
+        with autocast(device):
+            value, digits = quantise(enc(mel), cfg.gfsq.residuals)
+            pred = dec.stack(dvae_features(dec, value))
+        err = (pred.float() - mel).abs().mean(1)
+        loss = (err * mask).sum() / mask.sum()
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+        if step % args.log_every == 0:
+            codes = codes_from_digits(digits)
+            used = [int(torch.unique(codes[..., q][mask[:, ::2]]).numel()) for q in range(codes.shape[-1])]
+            log("dvae", step, mel_l1=loss.item(), codes_used=used)
+        step += 1
+    state = {**{f"enc.{k}": v for k, v in enc.state_dict().items()}, **{f"dec.{k}": v for k, v in dec.state_dict().items()}}
+    save_state(Path(args.out), "dvae", state, {"step": step})
+    log("dvae", step, done=1)
+    return enc.eval(), dec.eval()
+
+
+@torch.no_grad()
+def encode_all(enc: DVAEEncoder, cfg: ModelConfig, data: Data, device) -> list[Tensor]:
+    out = []
+    for i in range(data.n):
+        mel, _ = mel_batch(data, [i], device)
+        with autocast(device):
+            _, digits = quantise(enc(mel), cfg.gfsq.residuals)
+        out.append(codes_from_digits(digits)[0].cpu())  # (T, Q)
+    return out
+
+
+# --- stage 3: GPT + Decoder ---------------------------------------------------------------------
+class GuidedAttention:
+    """Captures the input of one attention layer and scores its text attention against the diagonal."""
+
+    def __init__(self, gpt: GPT, layer: int, heads: int):
+        self.attn, self.heads, self.x = gpt.layers[layer].attention, heads, None
+        self.attn.register_forward_pre_hook(self._hook)
+
+    def _hook(self, module, args):
+        if module.training:
+            self.x = args  # (x, cos, sin, mask, input_pos)
+
+    def loss(self, text_len: Tensor, code_len: Tensor, g: float = 0.2) -> Tensor:
+        x, cos, sin, _, _ = self.x
+        a = self.attn
+        B, L, D = x.shape
+        q, k, _ = a.wqkv(x).view(B, L, 3, a.heads, a.head_dim).unbind(2)
+        q, k = (t.transpose(1, 2)[:, : self.heads] for t in (q, k))
+        from ..models.gpt import rotate_half
+        c, s = cos, sin
+        q, k = q * c + rotate_half(q) * s, k * c + rotate_half(k) * s
+        pos = torch.arange(L, device=x.device)
+        Tt, Nc = text_len[:, None], code_len[:, None]
+        is_text = pos[None] < Tt  # keys (B, L)
+        j = pos[None] - (Tt - 1)  # query's code step
+        is_q = (j >= 0) & (j <= Nc)
+        scores = (q.float() @ k.float().transpose(-1, -2)) / math.sqrt(a.head_dim)  # (B, h, L, L)
+        scores = scores.masked_fill(~is_text[:, None, None, :], float("-inf"))
+        att = scores.softmax(-1)
+        W = 1 - torch.exp(-((pos[None, None, :] / Tt[..., None] - j[..., None] / (Nc[..., None] + 1)) ** 2) / (2 * g * g))
+        W = W * is_text[:, None, :]  # (B, Lq, Lk)
+        per_q = (att * W[:, None]).sum(-1)  # (B, h, L)
+        m = is_q[:, None, :].float()
+        return (per_q * m).sum() / (m.sum() * self.heads)
+
+
+def build_batch(gpt: GPT, spk_table: nn.Parameter, data: Data, codes: list[Tensor], idx, spk_id: int, device):
+    D = gpt.cfg.hidden
+    Q, eos = gpt.cfg.num_vq, gpt.cfg.eos_code
+    T = torch.tensor([len(data.prompt(i)) for i in idx])
+    N = torch.tensor([len(codes[i]) for i in idx])
+    L = int((T + N).max())
+    B = len(idx)
+    ids = torch.zeros(B, L, dtype=torch.long)
+    cod = torch.zeros(B, L, Q, dtype=torch.long)
+    is_text = torch.zeros(B, L, dtype=torch.bool)
+    tgt = torch.full((B, L, Q), -100, dtype=torch.long)  # target at position p predicts what comes at p+1
+    for b, i in enumerate(idx):
+        t, n = int(T[b]), int(N[b])
+        ids[b, :t] = data.prompt(i)
+        is_text[b, :t] = True
+        cod[b, t: t + n] = codes[i]
+        tgt[b, t - 1: t - 1 + n] = codes[i]
+        tgt[b, t - 1 + n] = eos
+    ids, cod, is_text, tgt = ids.to(device), cod.to(device), is_text.to(device), tgt.to(device)
+    x = gpt.embed(torch.where(is_text[..., None], ids[..., None].expand(-1, -1, Q), cod), is_text)
+    spk = spk_table[torch.as_tensor([int(data.spk[i]) for i in idx], device=device)]
+    x = apply_speaker(x, ids == spk_id, spk)
+    return x, tgt, T.to(device), N.to(device), L
+
+
+def train_gpt(cfg: ModelConfig, data: Data, codes: list[Tensor], args, device, log, spk_id: int):
+    torch.manual_seed(args.seed + 2)
+    g = np.random.default_rng(args.seed + 2)
+    gpt = GPT(cfg.gpt).to(device)
+    decoder = ConvStack(cfg.decoder).to(device)
+    n_spk = len(data.info["speakers"])
+    spk_table = nn.Parameter(torch.randn(n_spk, cfg.gpt.hidden, device=device))
+    prev = load_state(args.resume, "gpt")
+    step0 = 0
+    if prev:
+        gpt.load_state_dict(sub_state(prev[0], "gpt."))
+        decoder.load_state_dict(sub_state(prev[0], "decoder."))
+        spk_table.data.copy_(prev[0]["spk_table"].to(device))
+        step0 = prev[1].get("step", 0)
+    guided = GuidedAttention(gpt, layer=min(1, cfg.gpt.layers - 1), heads=2)
+    params = list(gpt.parameters()) + list(decoder.parameters()) + [spk_table]
+    decay = [p for p in params if p.dim() >= 2 and p is not spk_table]
+    rest = [p for p in params if not (p.dim() >= 2 and p is not spk_table)]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.01}, {"params": rest, "weight_decay": 0.0}],
+                            lr=args.gpt_lr, betas=(0.9, 0.98))
+    order = np.argsort(data.steps, kind="stable")
+    steps_sorted = data.steps[order]
+    budget = Budget(args.gpt_minutes, args.gpt_steps)
+    max_n = int(steps_sorted[-1])
+    gpt.train(), decoder.train()
+    step = 0
+    while not budget.done(step):
+        frac = budget.frac(step)
+        # curriculum: the longest utterance allowed grows from ~3 s to all over the first 30% (fresh runs)
+        cap = max_n if prev else int(140 + (max_n - 140) * min(1.0, frac / 0.3))
+        n_ok = max(1, int(np.searchsorted(steps_sorted, cap, side="right")))
+        start = int(g.integers(0, n_ok))
+        n_len = int(steps_sorted[start]) + 60
+        B = max(2, min(args.gpt_batch, args.gpt_tokens // n_len))
+        lo = max(0, min(start - B // 2, n_ok - B))
+        idx = order[lo: lo + B]
+        for pg in opt.param_groups:
+            pg["lr"] = lr_at(step, frac, args.gpt_lr, 300 if prev else 800)
+        with autocast(device):
+            x, tgt, T, N, L = build_batch(gpt, spk_table, data, codes, idx, spk_id, device)
+            h = gpt(x, torch.arange(L, device=device), torch.arange(L, device=device)[None].expand(len(idx), -1))
+            sel = tgt[..., 0] != -100
+            logits = gpt.code_logits(h[sel])  # (M, Q, V)
+            ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), tgt[sel].reshape(-1))
+            # the Decoder reads the state each code is sampled from: positions T-1 .. T+N-2
+            j = torch.arange(int(N.max()), device=device)
+            pos = (T[:, None] - 1 + j[None]).clamp(max=L - 1)
+            hid = torch.gather(h, 1, pos[..., None].expand(-1, -1, h.shape[-1]))
+            mel_pred = decoder(hid.transpose(1, 2))
+            ga = guided.loss(T, N) if args.guided > 0 else torch.zeros((), device=device)
+        mel, mask = mel_batch(data, idx, device)
+        Fm = min(mel.shape[-1], mel_pred.shape[-1])
+        fmask = mask[:, :Fm] & (torch.arange(Fm, device=device)[None] < 2 * N[:, None])
+        l1 = ((mel_pred[..., :Fm].float() - mel[..., :Fm]).abs().mean(1) * fmask).sum() / fmask.sum()
+        ga_w = args.guided * max(0.0, 1 - frac / 0.7) if not prev else args.guided * 0.2
+        loss = ce + args.mel_weight * l1 + ga_w * ga
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        gn = torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+        if step % args.log_every == 0:
+            with torch.no_grad():
+                acc = (logits.argmax(-1) == tgt[sel]).float().mean().item()
+            log("gpt", step0 + step, ce=ce.item(), mel_l1=l1.item(), ga=ga.item(), acc=acc, B=len(idx),
+                L=L, cap=cap, gn=float(gn))
+        step += 1
+    state = {**{f"gpt.{k}": v for k, v in gpt.state_dict().items()},
+             **{f"decoder.{k}": v for k, v in decoder.state_dict().items()}, "spk_table": spk_table.data}
+    save_state(Path(args.out), "gpt", state, {"step": step0 + step})
+    log("gpt", step0 + step, done=1)
+    return gpt.eval(), decoder.eval(), spk_table.data
+
+
+@torch.no_grad()
+def probe(cfg, gpt, data, codes, spk_table, spk_id, device, log, n=16):
+    """Free-running generation on training prompts: EOS rate and length ratio (an alignment check)."""
+    from ..engine import Engine
+    from ..sampling import SamplingParams
+
+    eng = Engine(gpt)
+    idx = np.linspace(0, data.n - 1, n).astype(int)
+    T = max(len(data.prompt(i)) for i in idx)
+    ids = torch.zeros(n, T, dtype=torch.long)
+    valid = torch.zeros(n, T, dtype=torch.bool)
+    for b, i in enumerate(idx):
+        p = data.prompt(i)
+        ids[b, T - len(p):], valid[b, T - len(p):] = p, True
+    ids, valid = ids.to(device), valid.to(device)
+    emb = gpt.embed(ids[..., None].expand(-1, -1, cfg.gpt.num_vq), torch.ones_like(valid))
+    spk = spk_table[torch.as_tensor([int(data.spk[i]) for i in idx], device=device)]
+    emb = apply_speaker(emb, ids == spk_id, spk)
+    truth = torch.tensor([len(codes[i]) for i in idx])
+    gen = eng.generate(emb, valid, SamplingParams(max_new_tokens=int(truth.max()) * 2 + 20), seed=0)
+    ratio = gen.lengths.cpu().float() / truth.float()
+    log("probe", 0, eos=float(gen.finished.float().mean()), ratio_mean=float(ratio.mean()),
+        ratio_ok=float(((ratio > 0.75) & (ratio < 1.25)).float().mean()), ratios=[round(float(r), 2) for r in ratio])
+    gpt.layers.apply(lambda m: setattr(m, "kv_cache", None) if hasattr(m, "kv_cache") else None)
+    gpt.key_valid = None
+
+
+# --- export --------------------------------------------------------------------------------------
+def export(args) -> Path:
+    from ..checkpoint import save_ttsq
+    from ..models import TTSModel, Tokenizer
+
+    tok_path = Path(args.data) / "tokenizer.json"
+    tok = Tokenizer(tok_path)
+    cfg = voice_config(tok.vocab_size, args.smoke)
+    model = TTSModel(cfg, tok)
+    g, d, v = load_state(args.resume, "gpt"), load_state(args.resume, "dvae"), load_state(args.resume, "vocos")
+    if not (g and d and v):
+        raise SystemExit(f"{args.resume} lacks one of gpt/dvae/vocos checkpoints")
+    model.gpt.load_state_dict(sub_state(g[0], "gpt."))
+    model.decoder.load_state_dict(sub_state(g[0], "decoder."))
+    model.dvae.load_state_dict(sub_state(d[0], "dec."))
+    model.vocos.load_state_dict(v[0])
+    table = g[0]["spk_table"].float()
+    info = json.loads((Path(args.data) / "pack.json").read_text())
+    model.voices = {name: table[i].clone() for i, name in enumerate(info["speakers"])}
+    model.spk_stat.copy_(torch.stack([table.std(0), table.mean(0)]))
+    extra = {"frontend": "espeak",
+             "voice": {"speakers": info["speakers"], "languages": ["en", "zh"],
+                       "trained_steps": {"gpt": g[1]["step"], "dvae": d[1]["step"], "vocos": v[1]["step"]},
+                       "corpus": {k: info[k] for k in ("utterances", "train_seconds", "seed") if k in info}}}
+    out = save_ttsq(model, args.export, force=True, extra=extra)
+    print(f"exported {out} ({sum(f.stat().st_size for f in Path(out).iterdir()) / 1e6:.1f} MB), "
+          f"params {model.parameter_counts()}")
+    return out
+
+
+# --- main ----------------------------------------------------------------------------------------
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--data", type=Path, help="corpus pack folder (toolkit.voice.corpus --out DIR: DIR/pack)")
+    ap.add_argument("--out", type=Path, default=Path("runs/voice"))
+    ap.add_argument("--resume", type=Path, default=None, help="folder with vocos/dvae/gpt checkpoints")
+    ap.add_argument("--stages", default="vocos,dvae,gpt")
+    ap.add_argument("--minutes", type=float, default=8.5, help="wall-clock budget of the whole run")
+    ap.add_argument("--dvae-minutes", type=float, default=None, help="default: 22%% of --minutes, 0 on resume")
+    ap.add_argument("--vocos-minutes", type=float, default=None)
+    ap.add_argument("--gpt-minutes", type=float, default=None)
+    ap.add_argument("--vocos-steps", type=int, default=None)
+    ap.add_argument("--dvae-steps", type=int, default=None)
+    ap.add_argument("--gpt-steps", type=int, default=None)
+    ap.add_argument("--parallel", action="store_true", help="train the vocoder in a second process")
+    ap.add_argument("--device", default=None)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--vocos-lr", type=float, default=5e-4)
+    ap.add_argument("--dvae-lr", type=float, default=1e-3)
+    ap.add_argument("--gpt-lr", type=float, default=6e-4)
+    ap.add_argument("--vocos-batch", type=int, default=32)
+    ap.add_argument("--dvae-batch", type=int, default=64)
+    ap.add_argument("--gpt-batch", type=int, default=64)
+    ap.add_argument("--gpt-tokens", type=int, default=24000, help="token budget per GPT batch")
+    ap.add_argument("--mel-weight", type=float, default=1.0)
+    ap.add_argument("--guided", type=float, default=1.0, help="guided-attention loss weight")
+    ap.add_argument("--log-every", type=int, default=50)
+    ap.add_argument("--probe", action="store_true", help="free-running generation check at the end")
+    ap.add_argument("--smoke", action="store_true", help="tiny corpus + tiny model on CPU, a few steps")
+    ap.add_argument("--export", type=Path, default=None, help="write a ttsq model folder from --resume")
+    args = ap.parse_args(argv)
+
+    if args.smoke:
+        args.device = args.device or "cpu"
+        args.vocos_steps = args.vocos_steps or 3
+        args.dvae_steps = args.dvae_steps or 3
+        args.gpt_steps = args.gpt_steps or 3
+        args.vocos_batch, args.dvae_batch, args.gpt_batch, args.log_every = 2, 4, 4, 1
+        if args.data is None:
+            from .corpus import build
+            build(args.out / "corpus", n_train=10, n_heldout=2, seed=args.seed, workers=2, vocoder_seconds=5)
+            args.data = args.out / "corpus" / "pack"
+        torch.set_num_threads(min(4, os.cpu_count() or 1))
+    if args.export and not args.stages.strip():
+        return export(args)
+    if args.data is None:
+        raise SystemExit("--data is required (build one with python -m toolkit.voice.corpus --out DIR)")
+    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    torch.backends.cuda.matmul.allow_tf32 = True
+    torch.backends.cudnn.allow_tf32 = True
+    stages = [s for s in args.stages.split(",") if s]
+    resumed_gpt = load_state(args.resume, "gpt") is not None
+    if not args.smoke:
+        m = args.minutes
+        if args.dvae_minutes is None:
+            args.dvae_minutes = 0.0 if resumed_gpt else 0.22 * m
+        args.vocos_minutes = args.vocos_minutes or (m if args.parallel else 0.25 * m)
+        args.gpt_minutes = args.gpt_minutes or (m - args.dvae_minutes - (0 if args.parallel else args.vocos_minutes) - 0.4)
+    args.out.mkdir(parents=True, exist_ok=True)
+    logf = open(args.out / f"log_{'_'.join(stages)}.jsonl", "a")
+
+    def log(stage, step, **kw):
+        rec = {"stage": stage, "step": step, "t": round(time.time() - t0, 1), **kw}
+        line = json.dumps(rec)
+        print(line, flush=True)
+        logf.write(line + "\n")
+        logf.flush()
+
+    t0 = time.time()
+    from .corpus import load_pack
+    data = Data(load_pack(args.data), device)
+    from ..models.tokenizer import Tokenizer
+    spk_id = json.loads((Path(args.data) / "tokenizer.json").read_text())
+    spk_id = next(t["id"] for t in spk_id["added_tokens"] if t["content"] == "[spk_emb]")
+    vocab = len(json.loads((Path(args.data) / "tokenizer.json").read_text())["model"]["vocab"]) + \
+        len(json.loads((Path(args.data) / "tokenizer.json").read_text())["added_tokens"])
+    cfg = voice_config(vocab, args.smoke)
+    log("data", 0, utterances=data.n, frames=int(data.mel_off[-1]), vocab=vocab, device=str(device))
+
+    child = None
+    if args.parallel and "vocos" in stages:
+        cmd = [sys.executable, "-m", "toolkit.voice.train", "--stages", "vocos", "--data", str(args.data),
+               "--out", str(args.out), "--minutes", str(args.minutes), "--vocos-minutes", str(args.vocos_minutes),
+               "--seed", str(args.seed), "--device", str(device)] + (["--resume", str(args.resume)] if args.resume else [])
+        child = subprocess.Popen(cmd)
+        stages.remove("vocos")
+    if "vocos" in stages:
+        train_vocos(cfg, data, args, device, log)
+    if "dvae" in stages or "gpt" in stages:
+        enc, dec = train_dvae(cfg, data, args, device, log) if "dvae" in stages or resumed_gpt else (None, None)
+        if enc is None:
+            raise SystemExit("the gpt stage needs a DVAE: include the dvae stage or --resume a run that has one")
+        if "gpt" in stages:
+            codes = encode_all(enc, cfg, data, device)
+            log("codes", 0, utterances=len(codes), seconds=round(time.time() - t0, 1))
+            gpt, decoder, table = train_gpt(cfg, data, codes, args, device, log, spk_id)
+            if args.probe:
+                probe(cfg, gpt, data, codes, table, spk_id, device, log)
+    if child is not None:
+        child.wait()
+    log("done", 0, seconds=round(time.time() - t0, 1))
+    if args.export:
+        args.resume = args.out
+        export(args)
+
+
+if __name__ == "__main__":
+    main()
