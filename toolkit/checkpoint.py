@@ -89,10 +89,15 @@ def _official_file(asset: Path, stem: str) -> Path:
                           "gpt/, tokenizer/, Embed, DVAE, Decoder and Vocos .safetensors")
 
 
-def _convstack_keys(state: dict, prefix: str, out: str) -> dict[str, Tensor]:
-    """ChatTTS DVAE-class keys -> ttsq ConvStack keys."""
+DVAE_UNUSED = ("encoder.", "downsample_conv.", "preprocessor_mel.", "vq_layer.")  # encode direction only
+
+
+def _convstack_keys(state: dict, prefix: str, out: str, unused: tuple[str, ...] = ()) -> dict[str, Tensor]:
+    """ChatTTS DVAE-class keys -> ttsq ConvStack keys; unknown keys pass through so strict loading lists them."""
     mapped = {}
     for k, v in state.items():
+        if k.startswith(unused):
+            continue
         if k.startswith(prefix + "decoder."):
             k2 = k[len(prefix + "decoder."):]
             k2 = re.sub(r"^decoder_block\.(\d+)\.weight$", r"blocks.\1.scale", k2)
@@ -100,13 +105,14 @@ def _convstack_keys(state: dict, prefix: str, out: str) -> dict[str, Tensor]:
             mapped[out + k2] = v
         elif k in (prefix + "out_conv.weight", prefix + "coef"):
             mapped[out + k[len(prefix):]] = v
+        else:
+            mapped[out + "<file>." + k] = v
     return mapped
 
 
-def _convstack_config(state: dict, prefix: str) -> ConvStackConfig:
+def _convstack_config(state: dict, prefix: str, idim: int) -> ConvStackConfig:
     layers = len({k.split(".")[1] for k in state if k.startswith(prefix + "blocks.")})
-    bn_dim, idim, _ = state[prefix + "conv_in.0.weight"].shape
-    hidden = state[prefix + "conv_in.2.weight"].shape[0]
+    hidden, bn_dim, _ = state[prefix + "conv_in.2.weight"].shape
     odim = state[prefix + "conv_out.weight"].shape[0]
     dw = state[prefix + "blocks.0.dwconv.weight"] if layers else None
     kernel = dw.shape[-1] if dw is not None else 7
@@ -189,14 +195,14 @@ def load_official(root: Path) -> TTSModel:
 
     dvae_cfg = gfsq_cfg = None
     if dvae is not None:
-        state.update(_convstack_keys(dvae, "", "dvae.stack."))
+        state.update(_convstack_keys(dvae, "", "dvae.stack.", DVAE_UNUSED))
         groups = sorted({int(k.split(".")[3]) for k in dvae if k.startswith("vq_layer.quantizer.rvqs.")})
         for g in groups:
             for t in ("weight", "bias"):
                 state[f"dvae.gfsq.project_out.{g}.{t}"] = dvae[f"vq_layer.quantizer.rvqs.{g}.project_out.{t}"]
-        dvae_cfg = _convstack_config({k[len("dvae.stack."):]: v for k, v in state.items()
-                                      if k.startswith("dvae.stack.")}, "")
         proj = state["dvae.gfsq.project_out.0.weight"]
+        dvae_cfg = _convstack_config({k[len("dvae.stack."):]: v for k, v in state.items()
+                                      if k.startswith("dvae.stack.")}, "", proj.shape[0])
         levels = tuple(int(x) for x in dvae.get("vq_layer.quantizer.rvqs.0.layers.0._levels", torch.tensor([5, 5, 5, 5])))
         if len(levels) != proj.shape[1]:
             levels = (5,) * proj.shape[1]
@@ -212,7 +218,8 @@ def load_official(root: Path) -> TTSModel:
             max_positions=hf.get("max_position_embeddings", 4096),
             num_text_tokens=state["gpt.emb_text.weight"].shape[0],
             num_audio_tokens=state["gpt.emb_code.weight"].shape[0] // n_vq, num_vq=n_vq),
-        decoder=_convstack_config({k[len("decoder."):]: v for k, v in state.items() if k.startswith("decoder.")}, ""),
+        decoder=_convstack_config({k[len("decoder."):]: v for k, v in state.items() if k.startswith("decoder.")}, "",
+                                  D // 2),
         dvae=dvae_cfg, gfsq=gfsq_cfg,
         vocos=VocosConfig(n_mels=state["vocos.embed.weight"].shape[1], dim=state["vocos.embed.weight"].shape[0],
                           intermediate=state["vocos.blocks.0.pwconv1.weight"].shape[0],

@@ -14,7 +14,9 @@ from .text import prompt_text
 def encode_prompts(model: TTSModel, sentences: Sequence[str], speaker: Tensor) -> tuple[Tensor, Tensor]:
     """-> emb (B, T, D) on the model's device with the speaker placed, valid (B, T) non-padding."""
     tok, gpt = model.tokenizer, model.gpt
-    ids, valid = tok.encode([prompt_text(s, tok.has) for s in sentences])
+    from .frontend import frontend_for
+    frontend = frontend_for(getattr(model, "frontend", None))  # identity unless the manifest names one
+    ids, valid = tok.encode([prompt_text(frontend(s), tok.has) for s in sentences])
     if int(ids.max()) >= gpt.cfg.num_text_tokens:
         raise ValueError("the tokenizer produced ids beyond the model's text vocabulary: wrong tokenizer.json?")
     device = gpt.emb_text.weight.device

@@ -59,8 +59,11 @@ def load_model(path: str | Path | None = None, device: torch.device | str = "cpu
     manifest = checkpoint.read_manifest(root)
     if manifest.get("precision", "fp32") != "fp32" or "recipe" in manifest:
         from .precision.artifact import load_artifact
-        return load_artifact(root, manifest, device)
-    return checkpoint.load_ttsq(root, manifest)
+        model = load_artifact(root, manifest, device)
+    else:
+        model = checkpoint.load_ttsq(root, manifest)
+    model.frontend = manifest.get("frontend")  # the text front end the model was trained with (e.g. "espeak")
+    return model
 
 
 def _sync(device: torch.device) -> None:

@@ -184,7 +184,7 @@ def train_vocos(cfg: ModelConfig, data: Data, args, device, log) -> None:
         torch.nn.utils.clip_grad_norm_(vocos.parameters(), 1.0)
         opt.step()
         if step % args.log_every == 0:
-            log("vocos", step0 + step, mel_l1=loss_mel.item(), stft=float(loss_stft) / 3)
+            log("vocos", step0 + step, mel_l1=loss_mel.item(), stft=float(loss_stft.detach()) / 3)
         step += 1
     save_state(Path(args.out), "vocos", vocos.state_dict(), {"step": step0 + step})
     log("vocos", step0 + step, done=1)
@@ -324,7 +324,7 @@ class GuidedAttention:
             self.x = args  # (x, cos, sin, mask, input_pos)
 
     def loss(self, text_len: Tensor, code_len: Tensor, g: float = 0.2) -> Tensor:
-        x, cos, sin, _, _ = self.x
+        x, cos, sin = self.x[:3]
         a = self.attn
         B, L, D = x.shape
         q, k, _ = a.wqkv(x).view(B, L, 3, a.heads, a.head_dim).unbind(2)
@@ -412,7 +412,8 @@ def train_gpt(cfg: ModelConfig, data: Data, codes: list[Tensor], args, device, l
             pg["lr"] = lr_at(step, frac, args.gpt_lr, 300 if prev else 800)
         with autocast(device):
             x, tgt, T, N, L = build_batch(gpt, spk_table, data, codes, idx, spk_id, device)
-            h = gpt(x, torch.arange(L, device=device), torch.arange(L, device=device)[None].expand(len(idx), -1))
+            valid = torch.arange(L, device=device)[None] < (T + N)[:, None]
+            h = gpt.forward_full(x, valid)
             sel = tgt[..., 0] != -100
             logits = gpt.code_logits(h[sel])  # (M, Q, V)
             ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), tgt[sel].reshape(-1))

@@ -1,0 +1,40 @@
+# Two commands do everything on a fresh Debian machine:
+#   make demo   set up, then quantize the shipped voice and compare precisions (prints a table)
+#   make test   set up, then run the test suite
+SHELL := /bin/bash
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(VENV)/bin/pip
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+DEB_PACKAGES := espeak-ng
+EXTRAS ?= eval,edge,dev
+OUT ?= out/demo
+
+.PHONY: setup demo test clean
+
+$(VENV)/.deb-stamp:
+	@missing=$$(for p in $(DEB_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
+	if [ -n "$$missing" ]; then \
+	  echo "installing Debian packages: $$missing"; \
+	  $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends $$missing; \
+	fi
+	@mkdir -p $(VENV) && touch $@
+
+$(VENV)/.pip-stamp: pyproject.toml $(VENV)/.deb-stamp
+	@[ -x $(PY) ] || python3 -m venv $(VENV)
+	# torch first and pinned: a bare `torch` requirement would pull a multi-GB CUDA build
+	$(PIP) install -q torch==2.13.0
+	$(PIP) install -q "setuptools<81" wheel cython numpy
+	$(PIP) install -q -e ".[$(EXTRAS)]"
+	@touch $@
+
+setup: $(VENV)/.pip-stamp
+
+demo: setup
+	$(PY) -m toolkit.demo --out $(OUT)
+
+test: setup
+	bash .ci/test
+
+clean:
+	rm -rf $(VENV) out

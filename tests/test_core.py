@@ -1,0 +1,214 @@
+"""Loading both layouts (and how they fail), the pipeline on the tiny model, text handling, the CLI."""
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import soundfile as sf
+import torch
+
+from toolkit import SamplingParams, Synthesizer, load_model
+from toolkit.checkpoint import CheckpointError, load_official, save_ttsq
+from toolkit.text import TextError, normalize, split_sentences
+
+ROOT = Path(__file__).resolve().parents[1]
+FIXTURE = ROOT / "tests" / "fixtures" / "chattts_tiny"
+SHORT = SamplingParams(max_new_tokens=12)
+
+
+# --- tokenizer and text -----------------------------------------------------------------------
+def test_tokenizer_left_pads_and_keeps_control_tokens(tiny_synth):
+    tok = tiny_synth.model.tokenizer
+    ids, valid = tok.encode(["[Stts][spk_emb]hi[laugh][Ptts]", "[Stts][spk_emb]hello world[Ptts]"])
+    assert ids.shape == valid.shape and ids.shape[0] == 2
+    assert not valid[0, 0] and valid[0, -1] and valid[1].all()  # left padding
+    assert tok.token_id("[laugh]") in ids[0].tolist()
+    assert tok.decode(ids[1][valid[1]].tolist()).replace(" ", "").startswith("[Stts][spk_emb]")
+
+
+def test_text_normalization_and_splitting():
+    with pytest.raises(TextError, match="empty"):
+        normalize("   \n\t ")
+    with pytest.raises(TextError, match="empty"):
+        normalize("[laugh] [uv_break]")
+    assert normalize("a [Stts] b") == "a b"  # structural tokens are never the user's
+    long = "This is one sentence. " * 40
+    pieces = split_sentences(normalize(long), max_chars=120)
+    assert all(len(p) <= 120 for p in pieces)
+    assert "".join(pieces).replace(" ", "") == long.replace(" ", "")  # nothing dropped
+    cjk = "我们" * 200
+    assert "".join(split_sentences(cjk, 50)) == cjk
+
+
+# --- loading -----------------------------------------------------------------------------------
+def test_official_and_ttsq_layouts_agree(tmp_path):
+    official = load_official(FIXTURE)
+    saved = save_ttsq(official, tmp_path / "converted")
+    manifest = json.loads((saved / "manifest.json").read_text())
+    assert manifest["format"] == "ttsq" and set(manifest["files"]) == {"model.safetensors", "tokenizer.json"}
+    reloaded = load_model(saved)
+    for (k, a), (k2, b) in zip(official.state_dict().items(), reloaded.state_dict().items()):
+        assert k == k2 and torch.equal(a, b), k
+
+
+def copy_fixture(tmp_path) -> Path:
+    dst = tmp_path / "chattts"
+    shutil.copytree(FIXTURE / "asset", dst / "asset")
+    return dst
+
+
+def test_official_missing_file(tmp_path):
+    root = copy_fixture(tmp_path)
+    (root / "asset" / "Vocos.safetensors").unlink()
+    with pytest.raises(CheckpointError, match="Vocos"):
+        load_official(root)
+
+
+def test_official_wrong_shape_and_extra_keys_listed_together(tmp_path):
+    from safetensors.torch import load_file, save_file
+    root = copy_fixture(tmp_path)
+    f = root / "asset" / "Decoder.safetensors"
+    state = load_file(str(f))
+    state["decoder.conv_in.0.weight"] = torch.zeros(3, 3, 3)
+    state["surprise.weight"] = torch.zeros(2)
+    save_file(state, str(f))
+    with pytest.raises(CheckpointError) as e:
+        load_official(root)
+    msg = str(e.value)
+    assert "wrong shape" in msg and "decoder.conv_in.0.weight" in msg and "unexpected" in msg and "surprise" in msg
+
+
+def test_official_truncated_file_is_named_and_untouched(tmp_path):
+    root = copy_fixture(tmp_path)
+    f = root / "asset" / "Embed.safetensors"
+    f.write_bytes(f.read_bytes()[:1000])
+    before = sorted(p.name for p in (root / "asset").iterdir())
+    with pytest.raises(CheckpointError, match="Embed.safetensors.*corrupt, truncated"):
+        load_official(root)
+    assert sorted(p.name for p in (root / "asset").iterdir()) == before  # never renamed to .bak
+
+
+def test_pt_with_code_is_refused(tmp_path):
+    from toolkit.checkpoint import read_tensors
+
+    class Evil:
+        def __reduce__(self):
+            return (os.system, ("echo pwned > " + str(tmp_path / "pwned"),))
+
+    torch.save({"x": Evil()}, tmp_path / "evil.pt")
+    with pytest.raises(CheckpointError, match="holds code"):
+        read_tensors(tmp_path / "evil.pt")
+    assert not (tmp_path / "pwned").exists()
+
+
+def test_ttsq_missing_and_corrupt(tiny_dir, tmp_path):
+    with pytest.raises(CheckpointError, match="not found"):
+        load_model(tmp_path / "nope")
+    bad = tmp_path / "bad"
+    shutil.copytree(tiny_dir, bad)
+    (bad / "model.safetensors").write_bytes((bad / "model.safetensors").read_bytes()[:-100])
+    with pytest.raises(CheckpointError, match="truncated"):
+        load_model(bad)
+    (bad / "model.safetensors").unlink()
+    with pytest.raises(CheckpointError, match="missing"):
+        load_model(bad)
+
+
+def test_save_never_overwrites_unasked(tiny_dir, tmp_path):
+    model = load_model(tiny_dir)
+    out = save_ttsq(model, tmp_path / "m")
+    marker = (out / "manifest.json").read_text()
+    with pytest.raises(FileExistsError, match="--force"):
+        save_ttsq(model, out)
+    assert (out / "manifest.json").read_text() == marker
+    save_ttsq(model, out, force=True)
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temp folders left
+
+
+# --- pipeline ----------------------------------------------------------------------------------
+def test_pipeline_shapes_lengths_and_reproducibility(tiny_synth):
+    texts = ["hello world.", "你好世界，今天天气很不错。 we go!"]
+    a = tiny_synth.synthesize(texts, seed=5, params=SHORT)
+    b = tiny_synth.synthesize(texts, seed=5, params=SHORT)
+    c = tiny_synth.synthesize(texts, seed=6, params=SHORT)
+    for u in a:
+        assert u.sample_rate == 24000 and u.wav.dtype == np.float32 and np.isfinite(u.wav).all()
+        assert u.steps >= 1
+    assert a[0].wav.shape == (512 * a[0].steps - 256,)
+    assert all(np.array_equal(x.wav, y.wav) for x, y in zip(a, b))
+    assert not all(np.array_equal(x.wav, y.wav) for x, y in zip(a, c))
+
+
+def test_eos_in_any_codebook_stops_generation(tiny_synth, monkeypatch):
+    """EOS forced on codebook 2 only: generation ends right after min_new_tokens, the EOS step not counted."""
+    gpt = tiny_synth.model.gpt
+    original = gpt.code_logits
+
+    def eos_on_book_2(h):
+        logits = original(h).clone()
+        logits[..., 2, gpt.cfg.eos_code] += 1e4
+        return logits
+
+    monkeypatch.setattr(gpt, "code_logits", eos_on_book_2)
+    u = tiny_synth.synthesize(["hello.", "a longer one, to be padded."],
+                              params=SamplingParams(max_new_tokens=64, min_new_tokens=3), seed=0)
+    assert [x.steps for x in u] == [3, 3] and not any(x.hit_limit for x in u)
+    assert all(x.wav.shape == (512 * 3 - 256,) for x in u)
+
+
+def test_batching_pads_without_changing_lengths(tiny_synth):
+    u = tiny_synth.synthesize(["hi.", "a much longer sentence to pad against."], params=SHORT, seed=1)
+    assert all(x.wav.shape == (512 * x.steps - 256,) for x in u)
+
+
+def test_speakers(tiny_synth):
+    v = tiny_synth.speaker_vector
+    assert torch.equal(v(3), v("seed:3")) and not torch.equal(v(3), v(4))
+    assert torch.equal(v("alice"), tiny_synth.model.voices["alice"])
+    with pytest.raises(ValueError, match="unknown speaker"):
+        v("bob")
+    with pytest.raises(ValueError, match="shape"):
+        v(torch.zeros(3))
+
+
+def test_bad_inputs(tiny_synth):
+    with pytest.raises(TextError):
+        tiny_synth.synthesize("   ")
+    with pytest.raises(TextError):
+        tiny_synth.synthesize([])
+    with pytest.raises(RuntimeError, match="CUDA"):
+        Synthesizer(tiny_synth.model, "cuda:7" if not torch.cuda.is_available() else "cuda:99")
+
+
+# --- CLI ---------------------------------------------------------------------------------------
+def ttsq(*args, cwd=None):
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.run([sys.executable, "-m", "toolkit.cli", *args], capture_output=True, text=True,
+                          cwd=cwd, env=env, timeout=300)
+
+
+def test_cli_synth_info_and_errors(tiny_dir, tmp_path):
+    out = tmp_path / "out.wav"
+    r = ttsq("synth", "hello world.", "-o", str(out), "--model", str(tiny_dir), "--device", "cpu",
+             "--seed", "3", "--max-steps", "10")
+    assert r.returncode == 0, r.stderr
+    data, sr = sf.read(out)
+    assert sr == 24000 and data.ndim == 1 and len(data) > 0 and np.isfinite(data).all()
+    r = ttsq("synth", "again", "-o", str(out), "--model", str(tiny_dir), "--max-steps", "4")
+    assert r.returncode == 2 and "already exists" in r.stderr and "--force" in r.stderr
+    r = ttsq("synth", "  ", "-o", str(tmp_path / "x.wav"), "--model", str(tiny_dir))
+    assert r.returncode == 2 and "empty" in r.stderr and "Traceback" not in r.stderr
+    r = ttsq("synth", "hi", "-o", str(tmp_path / "y.wav"), "--model", str(tmp_path / "missing"))
+    assert r.returncode == 2 and "not found" in r.stderr and "Traceback" not in r.stderr
+    r = ttsq("synth", "hi", "-o", str(tmp_path / "no" / "dir.wav"), "--model", str(tiny_dir), "--max-steps", "4")
+    assert r.returncode == 2 and "does not exist" in r.stderr
+    r = ttsq("info", str(tiny_dir), "--json")
+    assert r.returncode == 0, r.stderr
+    info = json.loads(r.stdout)
+    assert info["layout"] == "ttsq" and info["parameters_total"] > 0 and info["voices"] == ["alice"]
+    r = ttsq("info", str(FIXTURE))
+    assert r.returncode == 0 and "chattts" in r.stdout

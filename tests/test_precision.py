@@ -1,0 +1,125 @@
+"""Recipes, calibration, artifacts and `ttsq quantize` on the tiny model (CPU)."""
+import copy
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from toolkit import SamplingParams, Synthesizer, load_model
+from toolkit.checkpoint import CheckpointError
+from toolkit.precision import RECIPES, UnsupportedRecipe, quantize
+from toolkit.precision.artifact import load_artifact, save_artifact
+from toolkit.precision.calibration import collect
+from toolkit.textsets import load_text_set
+
+ROOT = Path(__file__).resolve().parents[1]
+CPU_RECIPES = [n for n, r in RECIPES.items() if "cpu" in r.devices]
+
+
+@pytest.fixture(scope="module")
+def base(tiny_dir):
+    return load_model(tiny_dir)
+
+
+@pytest.fixture(scope="module")
+def calib(base):
+    records = load_text_set(ROOT / "calibration_sets" / "smoke.jsonl")
+    return collect(base, [r.text for r in records], [r.speaker for r in records], max_steps=24)
+
+
+@pytest.fixture(scope="module")
+def reports(base, calib):
+    out = {}
+    for name in CPU_RECIPES:
+        m = copy.deepcopy(base)
+        out[name] = (m, quantize(m, name, device="cpu", calib=calib))
+    return out
+
+
+def test_every_cpu_recipe_runs_and_synthesizes(reports):
+    for name, (model, report) in reports.items():
+        u = Synthesizer(model, "cpu").synthesize("hello world.", params=SamplingParams(max_new_tokens=6), seed=0)[0]
+        assert np.isfinite(u.wav).all() and len(u.wav) > 0, name
+        assert set(report.errors) >= {"gpt", "decoder", "vocos"}, name
+
+
+def test_error_order_and_sizes(reports):
+    err = {n: r.errors["gpt"] + r.errors["decoder"] + r.errors["vocos"] for n, (_, r) in reports.items()}
+    assert err["fp32"] == 0
+    assert 0 < err["bf16"] and err["int8"] < err["int4-g32"] and err["int8"] < err["int4-g64"]
+    size = {n: r.bytes_after for n, (_, r) in reports.items()}
+    assert size["bf16"] < 0.6 * size["fp32"] and size["fp16"] < 0.6 * size["fp32"]
+    assert size["int4-g32"] < size["int8"] < size["fp32"]  # group 128 skips most of the 64-wide tiny layers
+    q = reports["int8"][1].plan
+    assert "gpt.head_code" not in q.quantize and "gpt.head_text" not in q.quantize and "vocos.out" not in q.quantize
+    assert any(n.startswith("gpt.layers.0.attention") for n in q.quantize)
+
+
+def test_calibration_beats_round_to_nearest(base, calib):
+    """Same model, same int4 recipe: AWQ scaling + keeping the 3 most sensitive layers vs plain RTN."""
+    rtn, cal = copy.deepcopy(base), copy.deepcopy(base)
+    plain = quantize(rtn, "int4-g32", device="cpu", calib=calib, awq=False)
+    tuned = quantize(cal, "int4-g32", device="cpu", calib=calib, keep_sensitive=3)
+    assert len(tuned.plan.keep) == 3 and len(tuned.plan.scores) == len(plain.plan.quantize)
+    for stage in ("gpt", "decoder", "vocos"):
+        assert tuned.errors[stage] <= plain.errors[stage] * 1.0001, stage
+    assert sum(tuned.errors.values()) < 0.9 * sum(plain.errors.values())
+
+
+def test_unsupported_pairings_name_alternatives(base):
+    with pytest.raises(UnsupportedRecipe, match="does not run on cpu.*int8"):
+        quantize(copy.deepcopy(base), "fp8", device="cpu")
+    with pytest.raises(UnsupportedRecipe, match="unknown precision"):
+        quantize(copy.deepcopy(base), "int3", device="cpu")
+
+
+@pytest.mark.parametrize("name", ["int8", "int4", "bf16"])
+def test_artifact_round_trip_is_exact(reports, tmp_path, name):
+    model, _ = reports[name]
+    out = save_artifact(model, tmp_path / name)
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["precision"] == name and manifest["versions"]["torchao"]
+    assert all(len(f["sha256"]) == 64 for f in manifest["files"].values())
+    again = load_model(out)
+    x = torch.randn(1, 5, model.cfg.gpt.hidden).to(model.gpt.norm.weight.dtype)
+    valid = torch.ones(1, 5, dtype=torch.bool)
+    assert torch.equal(model.gpt.forward_full(x, valid), again.gpt.forward_full(x, valid))
+    a = Synthesizer(model, "cpu").synthesize("hi there.", params=SamplingParams(max_new_tokens=5), seed=2)[0].wav
+    b = Synthesizer(out, "cpu").synthesize("hi there.", params=SamplingParams(max_new_tokens=5), seed=2)[0].wav
+    assert np.array_equal(a, b)
+
+
+def test_artifact_refuses_other_device_and_torchao(reports, tmp_path):
+    out = save_artifact(reports["int4"][0], tmp_path / "a")
+    manifest = json.loads((out / "manifest.json").read_text())
+    with pytest.raises(CheckpointError, match="packed for cpu.*--device cpu"):
+        load_artifact(out, manifest, device="cuda")
+    manifest["versions"]["torchao"] = "0.1.0"
+    (out / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(CheckpointError, match="torchao 0.1"):
+        load_model(out)
+
+
+def test_cli_quantize(tiny_dir, tmp_path):
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    out = tmp_path / "q"
+    cmd = [sys.executable, "-m", "toolkit.cli", "quantize", "--model", str(tiny_dir), "--precision", "int8",
+           "--calib", str(ROOT / "calibration_sets" / "smoke.jsonl"), "--out", str(out), "--max-steps", "12",
+           "--keep-sensitive", "1"]
+    r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert "| int8 |" in r.stdout and "err gpt" in r.stdout
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["calibration"]["sha256"] and list(manifest["layers"].values()).count("float (sensitive)") == 1
+    r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
+    assert r.returncode == 2 and "--force" in r.stderr
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"id": "x", "text": ""}\n')
+    r = subprocess.run(cmd[:-6] + ["--calib", str(bad), "--out", str(tmp_path / "q2")], capture_output=True,
+                       text=True, env=env, timeout=300)
+    assert r.returncode == 2 and "bad.jsonl:1:" in r.stderr and "empty" in r.stderr
