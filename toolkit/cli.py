@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import sys
 import warnings
@@ -156,6 +157,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("TORCHAO_FORCE_SKIP_LOADING_SO_FILES", "1")
+    logging.getLogger("torch.utils._pytree").setLevel(logging.ERROR)  # torchao registration chatter
+    logging.getLogger("torchao").setLevel(logging.ERROR)
     args = build_parser().parse_args(argv)
     if not args.debug:
         warnings.filterwarnings("default")

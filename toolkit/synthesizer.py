@@ -26,12 +26,21 @@ class NumericalError(RuntimeError):
 
 
 @dataclass
+class Segment:
+    """One sentence of an utterance, with what the GPT produced for it (on the CPU)."""
+    text: str
+    codes: Tensor  # (n, Q) sampled codes before EOS
+    hidden: Tensor  # (n, D) float32 states the Decoder read
+
+
+@dataclass
 class Utterance:
     wav: np.ndarray  # float32 mono at `sample_rate`
     sample_rate: int
     steps: int  # GPT steps before EOS, summed over the text's sentences
     hit_limit: bool  # some sentence ran to max_new_tokens without EOS
     timings: dict[str, float] = field(default_factory=dict)  # seconds: gpt, decoder, vocoder, total
+    segments: list[Segment] = field(default_factory=list)
 
     @property
     def duration(self) -> float:
@@ -132,6 +141,7 @@ class Synthesizer:
         pieces = self._batches(texts, max_chars)
         order = sorted(range(len(pieces)), key=lambda k: len(pieces[k][1]))  # similar lengths pad less
         wavs: dict[int, np.ndarray] = {}
+        segs: dict[int, Segment] = {}
         steps: dict[int, int] = {}
         limit: dict[int, bool] = {}
         timing = {"gpt": 0.0, "decoder": 0.0, "vocoder": 0.0}
@@ -148,6 +158,8 @@ class Synthesizer:
                 timing[key] += t[key]
             for j, k in enumerate(idx):
                 wavs[k], steps[k], limit[k] = out[j], int(gen.lengths[j]), not bool(gen.finished[j])
+                n = steps[k]
+                segs[k] = Segment(pieces[k][1], gen.codes[j, :n].cpu(), gen.hidden[j, :n].float().cpu())
             if progress:
                 progress(min(b + batch_size, len(order)), len(order))
             if should_stop is not None and should_stop():
@@ -160,8 +172,19 @@ class Synthesizer:
                 warnings.warn(f"text {i}: a sentence reached max_new_tokens without EOS; its audio may be cut",
                               stacklevel=2)
             results.append(Utterance(np.concatenate([wavs[k] for k in ks]), self.sample_rate,
-                                     sum(steps[k] for k in ks), any(limit[k] for k in ks), dict(timing)))
+                                     sum(steps[k] for k in ks), any(limit[k] for k in ks), dict(timing),
+                                     [segs[k] for k in ks]))
         return results
+
+    @torch.inference_mode()
+    def teacher_force(self, segment: Segment, speaker=None) -> Tensor:
+        """Code logits (n, Q, V) float32 of this model for the steps of `segment`, fed its own codes."""
+        gpt = self.model.gpt
+        emb, _ = encode_prompts(self.model, [segment.text], self.speaker_vector(speaker))
+        T, n = emb.shape[1], segment.codes.shape[0]
+        x = torch.cat([emb, gpt.embed_codes(segment.codes[None].to(self.device)).to(emb.dtype)], 1)
+        h = gpt.forward_full(x.to(gpt.norm.weight.dtype), torch.ones(x.shape[:2], dtype=torch.bool, device=self.device))
+        return gpt.code_logits(h[0, T - 1: T - 1 + n]).float().cpu()
 
     def stream(self, text: str, **kwargs) -> Iterator[np.ndarray]:
         """Yields audio as it is generated (see toolkit.streaming)."""
