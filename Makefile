@@ -31,7 +31,7 @@ $(VENV)/.pip-stamp: pyproject.toml $(VENV)/.deb-stamp
 setup: $(VENV)/.pip-stamp
 
 demo: setup
-	$(PY) -m toolkit.demo --out $(OUT)
+	$(PY) -m evaluation.demo --out $(OUT)
 
 test: setup
 	bash .ci/test
