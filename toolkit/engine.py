@@ -1,5 +1,8 @@
 """The GPT decode loop: one prefill, then one-token steps over a preallocated static KV cache.
-Sampling stays on the device; the host checks for EOS only every `check_every` steps."""
+
+Every step reads and writes only fixed device buffers (`DecodeState`), with the step counter on the device,
+so on CUDA one step is captured once as a CUDA graph per (batch, cache length, sampling settings) and replayed.
+Sampling stays on the device; the host looks at the EOS flags only once per chunk of `chunk` steps."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -11,12 +14,12 @@ from torch import Tensor
 from .models.gpt import GPT
 from .sampling import SamplingParams, draw, process_logits
 
-CACHE_BUCKET = 256  # cache lengths are rounded up to this, so new lengths rarely reallocate
+CACHE_BUCKET = 256  # cache lengths are rounded up to this, so new lengths rarely reallocate or recapture
 
 
 @dataclass
 class Chunk:
-    """Steps [start, stop) of a generation; hidden (B, n, D), codes (B, n, Q)."""
+    """Steps [start, start + n) of a generation; hidden (B, n, D), codes (B, n, Q)."""
     start: int
     hidden: Tensor
     codes: Tensor
@@ -32,68 +35,122 @@ class Generation:
     finished: Tensor  # (B,) False where max_new_tokens was hit first
 
 
+class DecodeState:
+    """Static device buffers for one batch size and chunk length."""
+
+    def __init__(self, B: int, D: int, Q: int, V: int, window: int, chunk: int, dtype, device):
+        z = dict(device=device)
+        self.h = torch.zeros(B, D, dtype=dtype, **z)
+        self.step = torch.zeros((), dtype=torch.long, **z)
+        self.prompt_len = torch.zeros((), dtype=torch.long, **z)
+        self.min_new = torch.zeros((), dtype=torch.long, **z)
+        self.rope_base = torch.zeros(B, 1, dtype=torch.long, **z)
+        self.temperature = torch.ones(B * Q, **z)
+        self.history = torch.full((B * Q, window), V, dtype=torch.long, **z)
+        self.finished = torch.zeros(B, dtype=torch.bool, **z)
+        self.lengths = torch.zeros(B, dtype=torch.long, **z)
+        self.noise = torch.ones(chunk, B * Q, V, **z)
+        self.hidden = torch.zeros(B, chunk, D, dtype=dtype, **z)
+        self.codes = torch.zeros(B, chunk, Q, dtype=torch.long, **z)
+
+
 class Engine:
-    def __init__(self, gpt: GPT, check_every: int = 16):
+    def __init__(self, gpt: GPT, chunk: int = 16, cuda_graphs: bool = True):
         self.gpt = gpt
-        self.check_every = check_every
+        self.chunk = chunk
+        self.cuda_graphs = cuda_graphs
+        self._graphs: dict[tuple, tuple[torch.cuda.CUDAGraph, DecodeState]] = {}
+        self._states: dict[tuple, DecodeState] = {}
 
     def _ensure_cache(self, batch: int, length: int) -> None:
         have = self.gpt.cache_shape
         length = min(-(-length // CACHE_BUCKET) * CACHE_BUCKET, self.gpt.cfg.max_positions)
         if have is None or have[0] < batch or have[1] < length:
             self.gpt.setup_caches(max(batch, have[0] if have else 0), max(length, have[1] if have else 0))
+            self._graphs.clear()  # captured graphs point at the old cache
         for layer in self.gpt.layers:  # stale NaN in unused slots would leak through 0 * NaN
             layer.attention.kv_cache.k.zero_()
             layer.attention.kv_cache.v.zero_()
 
+    def _step(self, s: DecodeState, p: SamplingParams) -> None:
+        """One decode step on static buffers: sample from s.h, record, feed the codes back."""
+        gpt, cfg = self.gpt, self.gpt.cfg
+        B, Q, V = s.h.shape[0], cfg.num_vq, cfg.num_audio_tokens
+        i = s.step
+        j = (i % self.chunk).view(1)
+        logits = process_logits(gpt.code_logits(s.h).view(B * Q, V), s.history, p, s.temperature)
+        eos = logits[:, cfg.eos_code]
+        logits[:, cfg.eos_code] = torch.where(i < s.min_new, torch.full_like(eos, float("-inf")), eos)
+        ids = draw(logits, s.noise.index_select(0, j)[0])  # (B * Q,)
+        s.history.index_copy_(1, (i % p.penalty_window).view(1), ids[:, None])
+        ids = ids.view(B, Q)
+        s.hidden.index_copy_(1, j, s.h[:, None])
+        s.codes.index_copy_(1, j, ids[:, None])
+        s.finished |= (ids == cfg.eos_code).any(-1)
+        s.lengths += ~s.finished
+        x = gpt.embed_codes(ids)[:, None].to(s.h.dtype)
+        s.h.copy_(gpt(x, (s.prompt_len + i).view(1), s.rope_base + i)[:, 0])
+        s.step += 1
+
+    def _runner(self, B: int, p: SamplingParams, dtype, device) -> tuple[Callable[[], None], DecodeState]:
+        cfg = self.gpt.cfg
+        key = (B, self.gpt.cache_shape, dtype, p.top_p, p.top_k, p.repetition_penalty, p.penalty_window, p.min_keep)
+        use_graph = self.cuda_graphs and device.type == "cuda"
+        if not use_graph:
+            state = self._states.get(key) or self._states.setdefault(
+                key, DecodeState(B, cfg.hidden, cfg.num_vq, cfg.num_audio_tokens, p.penalty_window, self.chunk, dtype, device))
+            return (lambda: self._step(state, p)), state
+        if key not in self._graphs:
+            state = DecodeState(B, cfg.hidden, cfg.num_vq, cfg.num_audio_tokens, p.penalty_window, self.chunk, dtype, device)
+            side = torch.cuda.Stream(device)
+            side.wait_stream(torch.cuda.current_stream(device))
+            with torch.cuda.stream(side):
+                for _ in range(2):  # warm-up outside the graph (lazy inits, cuBLAS workspaces)
+                    self._step(state, p)
+            torch.cuda.current_stream(device).wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                self._step(state, p)
+            self._graphs[key] = (graph, state)
+        graph, state = self._graphs[key]
+        return graph.replay, state
+
     @torch.inference_mode()
     def stream(self, emb: Tensor, valid: Tensor, params: SamplingParams, seed: int = 0,
                should_stop: Callable[[], bool] | None = None) -> Iterator[Chunk]:
-        """emb (B, T, D) prompt embeddings, valid (B, T) non-padding -> chunks of `check_every` steps."""
+        """emb (B, T, D) prompt embeddings, valid (B, T) non-padding -> chunks of `chunk` steps."""
         gpt, cfg = self.gpt, self.gpt.cfg
         B, T, D = emb.shape
-        Q, V = cfg.num_vq, cfg.num_audio_tokens
         steps = min(params.max_new_tokens, cfg.max_positions - T)
         if steps < 1:
             raise ValueError(f"prompt of {T} tokens leaves no room to generate (max_positions {cfg.max_positions}); "
                              "split the text into shorter sentences")
-        dev = emb.device
+        dev, dtype = emb.device, gpt.norm.weight.dtype
+        self._ensure_cache(B, T + steps)
+        step_fn, s = self._runner(B, params, dtype, dev)  # may capture, which writes the cache: prefill after
         self._ensure_cache(B, T + steps)
         gpt.key_valid[:B].fill_(True)
         gpt.key_valid[:B, :T] = valid
         rope = (valid.long().cumsum(1) - 1).clamp(min=0)
-        h = gpt(emb.to(gpt.norm.weight.dtype), torch.arange(T, device=dev), rope)[:, -1]
-        next_rope = valid.long().sum(1, keepdim=True)  # (B, 1)
-
+        s.h.copy_(gpt(emb.to(dtype), torch.arange(T, device=dev), rope)[:, -1])
+        s.step.zero_()
+        s.prompt_len.fill_(T)
+        s.min_new.fill_(params.min_new_tokens)
+        s.rope_base.copy_(valid.long().sum(1, keepdim=True))
+        s.temperature.copy_(params.temperature_tensor(cfg.num_vq, dev).repeat(B))
+        s.history.fill_(cfg.num_audio_tokens)
+        s.finished.zero_()
+        s.lengths.zero_()
         gen = torch.Generator(device=dev).manual_seed(int(seed))
-        temperature = params.temperature_tensor(Q, dev).repeat(B)
-        history = torch.full((B * Q, params.penalty_window), V, dtype=torch.long, device=dev)
-        finished = torch.zeros(B, dtype=torch.bool, device=dev)
-        lengths = torch.zeros(B, dtype=torch.long, device=dev)
-        eos = cfg.eos_code
         start = 0
         while start < steps:
-            n = min(self.check_every, steps - start)
-            noise = torch.empty(n, B * Q, V, device=dev).exponential_(1, generator=gen)
-            hid = torch.empty(B, n, D, device=dev, dtype=h.dtype)
-            codes = torch.empty(B, n, Q, device=dev, dtype=torch.long)
-            for j in range(n):
-                i = start + j
-                logits = process_logits(gpt.code_logits(h).view(B * Q, V), history, params, temperature)
-                if i < params.min_new_tokens:
-                    logits[:, eos] = float("-inf")
-                ids = draw(logits, noise[j])  # (B * Q,)
-                history[:, i % params.penalty_window] = ids
-                ids = ids.view(B, Q)
-                hid[:, j], codes[:, j] = h, ids
-                finished |= (ids == eos).any(-1)
-                lengths += ~finished
-                if i + 1 < steps:
-                    x = gpt.embed_codes(ids)[:, None].to(h.dtype)
-                    h = gpt(x, torch.tensor([T + i], device=dev), next_rope + i)[:, 0]
-            yield Chunk(start, hid, codes, lengths.clone(), finished.clone())
+            n = min(self.chunk, steps - start)
+            s.noise.exponential_(1, generator=gen)
+            for _ in range(n):
+                step_fn()
+            yield Chunk(start, s.hidden[:, :n].clone(), s.codes[:, :n].clone(), s.lengths.clone(), s.finished.clone())
             start += n
-            if bool(finished.all()) or (should_stop is not None and should_stop()):  # the one host sync
+            if bool(s.finished.all()) or (should_stop is not None and should_stop()):  # the one host sync
                 break
 
     def generate(self, emb: Tensor, valid: Tensor, params: SamplingParams, seed: int = 0,
