@@ -212,3 +212,23 @@ def test_cli_synth_info_and_errors(tiny_dir, tmp_path):
     assert info["layout"] == "ttsq" and info["parameters_total"] > 0 and info["voices"] == ["alice"]
     r = ttsq("info", str(FIXTURE))
     assert r.returncode == 0 and "chattts" in r.stdout
+
+
+def test_streaming_equals_whole_decode_without_redecoding(tiny_synth, monkeypatch):
+    from toolkit.streaming import StreamRenderer
+    p = SamplingParams(max_new_tokens=150)
+    text = "streaming should match the whole decode."
+    full = tiny_synth.synthesize(text, seed=4, params=p)[0]
+    model = tiny_synth.model
+    fed = []
+    original = model.hidden_to_mel
+    monkeypatch.setattr(model, "hidden_to_mel", lambda h: (fed.append(h.shape[1]), original(h))[1])
+    pieces = list(tiny_synth.stream(text, seed=4, params=p))
+    stream = np.concatenate(pieces)
+    assert stream.shape == full.wav.shape
+    np.testing.assert_allclose(stream, full.wav, atol=1e-5 * max(1.0, np.abs(full.wav).max()))
+    assert len(pieces) >= full.steps // 16 - 4  # audio arrives chunk by chunk, not at the end
+    # each render reads only its chunk plus the receptive-field margins: linear, not quadratic, work
+    margin = model.decoder.receptive_radius + model.vocos.receptive_radius + 8
+    assert sum(fed) <= full.steps + len(fed) * margin
+    assert len(fed) >= 3 and max(fed) <= 16 + margin + 4

@@ -103,19 +103,28 @@ class Synthesizer:
 
     @torch.inference_mode()
     def decode(self, hidden: Tensor, lengths: Tensor) -> tuple[list[np.ndarray], dict[str, float]]:
-        """hidden (B, N, D) -> waveforms trimmed to 512 * steps - 256 samples each."""
-        t0 = time.perf_counter()
-        mel = self.model.hidden_to_mel(hidden)
-        _sync(self.device)
-        t1 = time.perf_counter()
-        wav = self.model.mel_to_wav(mel.float())
-        _sync(self.device)
-        t2 = time.perf_counter()
-        if not torch.isfinite(wav).all():
-            raise NumericalError("the vocoder produced NaN/inf audio; run this precision with fp32 decoder/vocoder")
-        hop = self.model.cfg.vocos.hop
-        out = [w[: max(0, 2 * hop * int(n) - hop)].cpu().numpy().astype(np.float32) for w, n in zip(wav, lengths)]
-        return out, {"decoder": t1 - t0, "vocoder": t2 - t1}
+        """hidden (B, N, D) -> one waveform of 512 * n - 256 samples per row, n = lengths[row].
+        Rows are decoded one by one at their own length, so the audio never depends on what it was batched with
+        (and streaming can reproduce it exactly)."""
+        timing = {"decoder": 0.0, "vocoder": 0.0}
+        out = []
+        for row, n in zip(hidden, lengths.tolist()):
+            if n == 0:
+                out.append(np.zeros(0, dtype=np.float32))
+                continue
+            t0 = time.perf_counter()
+            mel = self.model.hidden_to_mel(row[None, :n])
+            _sync(self.device)
+            t1 = time.perf_counter()
+            wav = self.model.mel_to_wav(mel.float())[0]
+            _sync(self.device)
+            timing["decoder"] += t1 - t0
+            timing["vocoder"] += time.perf_counter() - t1
+            if not torch.isfinite(wav).all():
+                raise NumericalError("the vocoder produced NaN/inf audio; run this precision with an fp32 "
+                                     "decoder and vocoder")
+            out.append(wav.cpu().numpy().astype(np.float32))
+        return out, timing
 
     def _batches(self, texts, max_chars):
         pieces = []  # (text index, piece)

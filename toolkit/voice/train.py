@@ -381,6 +381,7 @@ def train_gpt(cfg: ModelConfig, data: Data, codes: list[Tensor], args, device, l
     spk_table = nn.Parameter(torch.randn(n_spk, cfg.gpt.hidden, device=device))
     prev = load_state(args.resume, "gpt")
     step0 = 0
+    fresh = prev is None or args.restart_schedule
     if prev:
         gpt.load_state_dict(sub_state(prev[0], "gpt."))
         decoder.load_state_dict(sub_state(prev[0], "decoder."))
@@ -401,7 +402,7 @@ def train_gpt(cfg: ModelConfig, data: Data, codes: list[Tensor], args, device, l
     while not budget.done(step):
         frac = budget.frac(step)
         # curriculum: the longest utterance allowed grows from ~3 s to all over the first 30% (fresh runs)
-        cap = max_n if prev else int(140 + (max_n - 140) * min(1.0, frac / 0.3))
+        cap = max_n if not fresh else int(140 + (max_n - 140) * min(1.0, frac / 0.3))
         n_ok = max(1, int(np.searchsorted(steps_sorted, cap, side="right")))
         start = int(g.integers(0, n_ok))
         n_len = int(steps_sorted[start]) + 60
@@ -427,7 +428,7 @@ def train_gpt(cfg: ModelConfig, data: Data, codes: list[Tensor], args, device, l
         Fm = min(mel.shape[-1], mel_pred.shape[-1])
         fmask = mask[:, :Fm] & (torch.arange(Fm, device=device)[None] < 2 * N[:, None])
         l1 = ((mel_pred[..., :Fm].float() - mel[..., :Fm]).abs().mean(1) * fmask).sum() / fmask.sum()
-        ga_w = args.guided * max(0.0, 1 - frac / 0.7) if not prev else args.guided * 0.2
+        ga_w = args.guided * max(0.0, 1 - frac / 0.7) if fresh else args.guided * 0.2
         loss = ce + args.mel_weight * l1 + ga_w * ga
         opt.zero_grad(set_to_none=True)
         loss.backward()
@@ -530,6 +531,8 @@ def main(argv=None):
     ap.add_argument("--mel-weight", type=float, default=1.0)
     ap.add_argument("--guided", type=float, default=1.0, help="guided-attention loss weight")
     ap.add_argument("--log-every", type=int, default=50)
+    ap.add_argument("--restart-schedule", action="store_true",
+                    help="on resume, run the GPT curriculum and guided-attention schedule as if fresh")
     ap.add_argument("--probe", action="store_true", help="free-running generation check at the end")
     ap.add_argument("--smoke", action="store_true", help="tiny corpus + tiny model on CPU, a few steps")
     ap.add_argument("--export", type=Path, default=None, help="write a ttsq model folder from --resume")

@@ -1,0 +1,90 @@
+"""Streaming synthesis that never re-decodes the prefix.
+
+The Decoder and Vocos are convolution stacks with a finite receptive field, and the ISTFT is an overlap-add, so
+a span of output samples depends only on a bounded window of GPT states. Each new chunk of states is rendered
+over just the window its final samples need (receptive radius on both sides), and the samples are emitted once
+no future state can change them. The concatenated stream equals the whole-utterance decode up to float rounding.
+"""
+from __future__ import annotations
+
+import math
+from typing import Iterator
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from .models import TTSModel
+from .prompt import encode_prompts
+from .sampling import SamplingParams
+from .text import normalize, split_sentences
+
+
+class StreamRenderer:
+    """Feed GPT states (n, D) as they arrive; get final 24 kHz samples back."""
+
+    def __init__(self, model: TTSModel):
+        self.model = model
+        v = model.cfg.vocos
+        self.hop, self.n_fft = v.hop, v.n_fft
+        self.r_dec = model.decoder.receptive_radius  # mel frames
+        self.r_voc = model.vocos.receptive_radius  # mel frames
+        self.hidden: list[Tensor] = []
+        self.steps = 0
+        self.emitted = 0  # samples already returned
+        self.window = model.vocos.window.float()
+
+    def push(self, hidden: Tensor) -> np.ndarray:
+        if hidden.shape[0]:
+            self.hidden.append(hidden)
+            self.steps += hidden.shape[0]
+        final_spec = 2 * self.steps - self.r_dec - self.r_voc  # spectrum frames no future state can change
+        return self._render(self.emitted, final_spec * self.hop - self.n_fft // 2, frames=None)
+
+    def finish(self) -> np.ndarray:
+        if self.steps == 0:
+            return np.zeros(0, dtype=np.float32)
+        return self._render(self.emitted, self.hop * (2 * self.steps - 1), frames=2 * self.steps)
+
+    @torch.inference_mode()
+    def _render(self, t0: int, t1: int, frames: int | None) -> np.ndarray:
+        if t1 <= t0:
+            return np.zeros(0, dtype=np.float32)
+        hop, half = self.hop, self.n_fft // 2
+        known = 2 * self.steps
+        f0 = max(0, (t0 - half) // hop + 1)  # first frame whose window reaches t0
+        f1 = min(frames or known, math.ceil((t1 + half) / hop))  # frames whose window starts before t1
+        m0, m1 = max(0, f0 - self.r_voc), min(known, f1 + self.r_voc)
+        s0, s1 = max(0, (m0 - self.r_dec) // 2), min(self.steps, math.ceil((m1 + self.r_dec) / 2))
+        hidden = torch.cat(self.hidden)[s0:s1]
+        self.hidden = [torch.cat(self.hidden)]
+        mel = self.model.hidden_to_mel(hidden[None])[..., m0 - 2 * s0: m1 - 2 * s0]
+        spec = self.model.vocos.spectrum(mel.to(self.model.vocos.embed.weight.dtype))[0, :, f0 - m0: f1 - m0]
+        frames_t = torch.fft.irfft(spec, n=self.n_fft, dim=0) * self.window[:, None]  # (n_fft, F)
+        n = (f1 - f0 - 1) * hop + self.n_fft
+        fold = dict(output_size=(1, n), kernel_size=(1, self.n_fft), stride=(1, hop))
+        ola = torch.nn.functional.fold(frames_t[None], **fold).view(-1)
+        env = torch.nn.functional.fold((self.window ** 2)[None, :, None].expand(1, -1, f1 - f0).contiguous(), **fold).view(-1)
+        start = f0 * hop - half  # sample index of ola[0]
+        seg = slice(t0 - start, t1 - start)
+        out = (ola[seg] / env[seg].clamp(min=1e-11)).float().cpu().numpy()
+        self.emitted = t1
+        return out
+
+
+def stream_text(synth, text: str, *, speaker=None, seed: int = 0, params: SamplingParams | None = None,
+                max_chars: int = 120) -> Iterator[np.ndarray]:
+    """Yields float32 24 kHz audio pieces as the GPT produces states; sentence by sentence."""
+    params = params or SamplingParams()
+    spk = synth.speaker_vector(speaker)
+    for i, sentence in enumerate(split_sentences(normalize(text), max_chars)):
+        emb, valid = encode_prompts(synth.model, [sentence], spk)
+        renderer = StreamRenderer(synth.model)
+        for chunk in synth.engine.stream(emb, valid, params, seed=seed + i):
+            n = max(0, min(chunk.hidden.shape[1], int(chunk.lengths[0]) - chunk.start))
+            piece = renderer.push(chunk.hidden[0, :n])
+            if piece.size:
+                yield piece
+        tail = renderer.finish()
+        if tail.size:
+            yield tail
