@@ -123,3 +123,21 @@ def test_cli_quantize(tiny_dir, tmp_path):
     r = subprocess.run(cmd[:-6] + ["--calib", str(bad), "--out", str(tmp_path / "q2")], capture_output=True,
                        text=True, env=env, timeout=300)
     assert r.returncode == 2 and "bad.jsonl:1:" in r.stderr and "empty" in r.stderr
+
+
+def test_fp16_overflow_falls_back_to_fp32_per_stage(tiny_dir):
+    """A decoder weight that overflows fp16: the stage reruns in fp32 with a warning, and the audio is finite
+    and equal to an fp32 decoder's on the same states."""
+    synth = Synthesizer(tiny_dir, "cpu", "fp16")
+    ref = Synthesizer(tiny_dir, "cpu")
+    with torch.no_grad():
+        for m in (synth.model, ref.model):
+            for conv in (m.decoder.conv_in[0], m.decoder.conv_in[2]):  # weights fit fp16, activations don't
+                conv.weight.mul_(500)
+    p = SamplingParams(max_new_tokens=8)
+    with pytest.warns(RuntimeWarning, match="decoder overflowed in float16"):
+        u = synth.synthesize("hello world.", seed=1, params=p)[0]
+    assert np.isfinite(u.wav).all() and np.abs(u.wav).max() > 0
+    seg = u.segments[0]
+    expected = ref.decode(seg.hidden[None], torch.tensor([seg.hidden.shape[0]]))[0][0]
+    np.testing.assert_allclose(u.wav, expected, atol=2e-2 * np.abs(expected).max())

@@ -1,6 +1,7 @@
 """The one library API: model path + device + precision -> `synthesize(texts)` -> 24 kHz waveforms."""
 from __future__ import annotations
 
+import copy
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -93,6 +94,27 @@ class Synthesizer:
             quantize(self.model, precision, device=self.device, **recipe_options)
         self.precision = precision or getattr(self.model, "precision", "fp32")
         self.engine = Engine(self.model.gpt)
+        self._fp32: dict[str, torch.nn.Module] = {}  # stages that overflowed in half precision
+
+    def _fallback(self, stage: str) -> torch.nn.Module:
+        """An fp32 copy of a half-precision stage that produced inf/NaN (made once, then reused)."""
+        module = getattr(self.model, stage)
+        dtype = next(module.parameters()).dtype
+        if dtype not in (torch.float16, torch.bfloat16):
+            raise NumericalError(f"the {stage} produced NaN/inf at {dtype}; the checkpoint itself may be broken")
+        if stage not in self._fp32:
+            warnings.warn(f"the {stage} overflowed in {str(dtype).removeprefix('torch.')}: this stage now runs "
+                          "in fp32 (the rest keeps its precision)", RuntimeWarning, stacklevel=3)
+            self._fp32[stage] = copy.deepcopy(module).float()
+        return self._fp32[stage]
+
+    def _generate(self, emb: Tensor, valid: Tensor, params: SamplingParams, seed: int, should_stop):
+        gen = self.engine.generate(emb, valid, params, seed=seed, should_stop=should_stop)
+        steps = torch.arange(gen.hidden.shape[1], device=self.device)[None] < gen.lengths[:, None]
+        if not torch.isfinite(gen.hidden[steps]).all():
+            gpt = self._fallback("gpt")
+            gen = Engine(gpt).generate(emb.float(), valid, params, seed=seed, should_stop=should_stop)
+        return gen
 
     @property
     def sample_rate(self) -> int:
@@ -114,15 +136,18 @@ class Synthesizer:
                 continue
             t0 = time.perf_counter()
             mel = self.model.hidden_to_mel(row[None, :n])
+            if not torch.isfinite(mel).all():
+                mel = self._fallback("decoder")(row[None, :n].transpose(1, 2).float())
             _sync(self.device)
             t1 = time.perf_counter()
             wav = self.model.mel_to_wav(mel.float())[0]
+            if not torch.isfinite(wav).all():
+                wav = self._fallback("vocos")(mel.float())[0]
             _sync(self.device)
             timing["decoder"] += t1 - t0
             timing["vocoder"] += time.perf_counter() - t1
-            if not torch.isfinite(wav).all():
-                raise NumericalError("the vocoder produced NaN/inf audio; run this precision with an fp32 "
-                                     "decoder and vocoder")
+            if not torch.isfinite(wav).all():  # NaN never reaches the audio
+                raise NumericalError("non-finite audio even in fp32: the checkpoint may be corrupt")
             out.append(wav.cpu().numpy().astype(np.float32))
         return out, timing
 
@@ -159,7 +184,7 @@ class Synthesizer:
             idx = order[b: b + batch_size]
             t0 = time.perf_counter()
             emb, valid = encode_prompts(self.model, [pieces[k][1] for k in idx], spk)
-            gen = self.engine.generate(emb, valid, params, seed=seed + b, should_stop=should_stop)
+            gen = self._generate(emb, valid, params, seed + b, should_stop)
             _sync(self.device)
             timing["gpt"] += time.perf_counter() - t0
             out, t = self.decode(gen.hidden, gen.lengths)

@@ -301,13 +301,18 @@ def train_dvae(cfg: ModelConfig, data: Data, args, device, log) -> tuple[DVAEEnc
 
 
 @torch.no_grad()
-def encode_all(enc: DVAEEncoder, cfg: ModelConfig, data: Data, device) -> list[Tensor]:
-    out = []
-    for i in range(data.n):
-        mel, _ = mel_batch(data, [i], device)
+def encode_all(enc: DVAEEncoder, cfg: ModelConfig, data: Data, device, batch: int = 32) -> list[Tensor]:
+    """Codes of every utterance, batched by length (padding only affects the few frames at the end)."""
+    out: list[Tensor | None] = [None] * data.n
+    order = np.argsort(data.frames)
+    for s in range(0, data.n, batch):
+        idx = order[s: s + batch]
+        mel, _ = mel_batch(data, idx, device)
         with autocast(device):
             _, digits = quantise(enc(mel), cfg.gfsq.residuals)
-        out.append(codes_from_digits(digits)[0].cpu())  # (T, Q)
+        codes = codes_from_digits(digits).cpu()
+        for b, i in enumerate(idx):
+            out[i] = codes[b, : int(data.steps[i])]
     return out
 
 
@@ -431,8 +436,17 @@ def train_gpt(cfg: ModelConfig, data: Data, codes: list[Tensor], args, device, l
         ga_w = args.guided * max(0.0, 1 - frac / 0.7) if fresh else args.guided * 0.2
         loss = ce + args.mel_weight * l1 + ga_w * ga
         opt.zero_grad(set_to_none=True)
+        if not torch.isfinite(loss):  # a bad batch must not poison the weights (run 2 of v1 died this way)
+            log("gpt", step0 + step, skipped_nonfinite=1)
+            step += 1
+            continue
         loss.backward()
         gn = torch.nn.utils.clip_grad_norm_(params, 1.0)
+        if not torch.isfinite(gn):
+            log("gpt", step0 + step, skipped_nonfinite_grad=1)
+            opt.zero_grad(set_to_none=True)
+            step += 1
+            continue
         opt.step()
         if step % args.log_every == 0:
             with torch.no_grad():

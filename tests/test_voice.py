@@ -1,0 +1,105 @@
+"""The shipped voice: espeak front end, smoke training, and the shipped checkpoint."""
+from __future__ import annotations
+
+import shutil
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ESPEAK = shutil.which("espeak-ng") is not None
+needs_espeak = pytest.mark.skipif(not ESPEAK, reason="espeak-ng not installed (apt-get install espeak-ng)")
+SHIPPED = Path(__file__).resolve().parents[1] / "toolkit" / "assets" / "voice"
+
+
+@needs_espeak
+def test_frontend_english_mandarin_mixed_and_control_tokens():
+    from toolkit.frontend import EspeakFrontend, split_runs
+
+    fe = EspeakFrontend()
+    en = fe("Hello world, it is 3:45.")
+    assert en and "," in en.split() and en.split()[-1] == "."
+    assert not any(c.isupper() for c in en)
+    zh = fe("你好，世界。")
+    assert zh and not any("\u4e00" <= c <= "\u9fff" for c in zh)  # Han characters became phonemes
+    assert "," in zh.split() and "." in zh.split()
+    assert split_runs("我用iPhone打电话") == [("zh", "我用"), ("en", "iPhone"), ("zh", "打电话")]
+    assert split_runs("2024年") == [("zh", "2024年")]
+    mixed = fe("[laugh]I love 北京[uv_break] very much!")
+    words = mixed.split()
+    assert words[0] == "[laugh]" and "[uv_break]" in words
+    assert fe("") == ""
+
+
+def test_frontend_error_names_the_install_command(monkeypatch):
+    import ctypes
+
+    from toolkit import frontend
+
+    monkeypatch.setattr(frontend._Espeak, "_lib", None)
+    monkeypatch.setattr(frontend.ctypes.util, "find_library", lambda name: None)
+
+    def fail(name):
+        raise OSError("no such library")
+
+    monkeypatch.setattr(ctypes.cdll, "LoadLibrary", fail)
+    with pytest.raises(frontend.FrontendError, match="apt-get install espeak-ng"):
+        frontend.EspeakFrontend()
+
+
+def test_frontend_for_manifest_names():
+    from toolkit.frontend import FrontendError, frontend_for
+
+    assert frontend_for(None)("abc") == "abc"
+    with pytest.raises(FrontendError, match="unknown text front end"):
+        frontend_for("festival")
+
+
+def test_quantiser_matches_gfsq_decoder():
+    import torch
+
+    from toolkit.models.decoder import DVAEDecoder
+    from toolkit.voice.train import codes_from_digits, dvae_features, quantise, voice_config
+
+    cfg = voice_config(100, smoke=True)
+    dec = DVAEDecoder(cfg.dvae, cfg.gfsq)
+    z = torch.rand(2, cfg.gfsq.groups, 7, len(cfg.gfsq.levels)) * 2 - 1
+    value, digits = quantise(z, cfg.gfsq.residuals)
+    codes = codes_from_digits(digits)
+    assert codes.shape == (2, 7, 4) and int(codes.max()) < 625
+    torch.testing.assert_close(dvae_features(dec, value), dec.gfsq(codes.transpose(1, 2)), atol=1e-5, rtol=1e-5)
+
+
+@needs_espeak
+def test_smoke_training_writes_a_checkpoint_that_synthesizes(tmp_path):
+    from toolkit.synthesizer import Synthesizer, load_model
+    from toolkit.voice.train import main
+
+    t0 = time.time()
+    main(["--smoke", "--out", str(tmp_path / "run"), "--export", str(tmp_path / "model")])
+    assert time.time() - t0 < 60
+    model = load_model(tmp_path / "model")
+    assert model.frontend == "espeak" and len(model.voices) >= 4
+    from toolkit.sampling import SamplingParams
+
+    syn = Synthesizer(model, device="cpu")
+    out = syn.synthesize(["Hi.", "你好。"], speaker="f2", params=SamplingParams(max_new_tokens=8))
+    assert all(np.isfinite(u.wav).all() and u.wav.size > 0 for u in out)
+
+
+@needs_espeak
+@pytest.mark.skipif(not (SHIPPED / "manifest.json").is_file(), reason="no shipped voice")
+def test_shipped_voice_speaks_english_and_mandarin():
+    from toolkit.sampling import SamplingParams
+    from toolkit.synthesizer import Synthesizer
+
+    syn = Synthesizer(device="cpu")  # the default model is the shipped voice
+    assert syn.model.frontend == "espeak"
+    assert syn.model.parameter_counts() and sum((SHIPPED / f).stat().st_size for f in
+                                                 ("model.safetensors",)) <= 40 * 2**20
+    out = syn.synthesize(["The train leaves at five.", "今天天气很好。"], seed=0,
+                         params=SamplingParams(max_new_tokens=400))
+    for u in out:
+        assert np.isfinite(u.wav).all() and u.wav.size > 0.2 * u.sample_rate
+        assert np.abs(u.wav).max() > 1e-3
