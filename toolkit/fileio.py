@@ -26,6 +26,9 @@ def atomic_dir(out: Path, *, force: bool = False):
         raise PermissionError(f"cannot write to {parent}: {e.strerror}. Choose a writable --out") from e
     try:
         yield tmp
+        if out.exists() and not force:  # another writer finished first: keep theirs, report ours
+            raise OutputExistsError(f"{out} appeared while this one was being written (another writer?); "
+                                    "nothing was replaced. Pass --force to replace it")
         if out.exists():
             old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=parent))
             os.replace(out, old / out.name)  # keep the previous copy until the new one is in place

@@ -1,0 +1,82 @@
+"""Failures while writing leave nothing half-written and keep what was there; hostile inputs get clear errors."""
+import errno
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from toolkit import SamplingParams, load_model
+from toolkit.checkpoint import save_ttsq
+from toolkit.fileio import OutputExistsError, atomic_dir
+from toolkit.text import normalize, split_sentences
+
+
+def leftovers(folder: Path) -> list[str]:
+    return [p.name for p in folder.iterdir() if p.name.startswith(".")]
+
+
+def test_full_disk_keeps_the_previous_artifact(tiny_dir, tmp_path, monkeypatch):
+    model = load_model(tiny_dir)
+    out = save_ttsq(model, tmp_path / "m")
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+
+    def disk_full(*a, **k):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr("safetensors.torch.save_file", disk_full)
+    with pytest.raises(OSError, match="No space left"):
+        save_ttsq(model, out, force=True)
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    assert leftovers(tmp_path) == []
+
+
+def test_two_writers_one_wins_the_other_is_told(tmp_path):
+    out = tmp_path / "artifact"
+    gate = threading.Barrier(2)
+    errors = []
+
+    def writer(tag):
+        try:
+            with atomic_dir(out) as tmp:
+                (tmp / "who").write_text(tag)
+                gate.wait()
+        except OutputExistsError as e:
+            errors.append(str(e))
+
+    threads = [threading.Thread(target=writer, args=(t,)) for t in "ab"]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert (out / "who").read_text() in "ab" and len(errors) == 1 and "another writer" in errors[0]
+    assert leftovers(tmp_path) == []
+
+
+def test_unwritable_destination_is_named(tiny_dir, tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    with pytest.raises(PermissionError, match="cannot write"):
+        save_ttsq(load_model(tiny_dir), blocker / "sub" / "m")
+
+
+def test_huge_text_is_split_never_truncated():
+    text = ("Sentence number %d is here, with a clause; and more words. " * 1700) % tuple(range(1700))
+    assert len(text) > 100_000
+    pieces = split_sentences(normalize(text))
+    assert all(len(p) <= 120 for p in pieces) and len(pieces) > 800
+    assert "".join(pieces).replace(" ", "") == normalize(text).replace(" ", "")
+
+
+def test_unsupported_characters_still_speak(tiny_synth):
+    u = tiny_synth.synthesize("emoji 😀 and ☃ symbols \u200b here.", params=SamplingParams(max_new_tokens=6))[0]
+    assert np.isfinite(u.wav).all() and u.steps > 0
+
+
+def test_out_of_range_token_ids_are_reported(tiny_dir):
+    from toolkit import Synthesizer
+    s = Synthesizer(tiny_dir, "cpu")
+    s.model.gpt.cfg.num_text_tokens = 5  # as if the tokenizer belonged to another model
+    with pytest.raises(ValueError, match="wrong tokenizer"):
+        s.synthesize("hello")
