@@ -232,3 +232,22 @@ def test_streaming_equals_whole_decode_without_redecoding(tiny_synth, monkeypatc
     margin = model.decoder.receptive_radius + model.vocos.receptive_radius + 8
     assert sum(fed) <= full.steps + len(fed) * margin
     assert len(fed) >= 3 and max(fed) <= 16 + margin + 4
+
+
+def test_concurrent_requests_are_batched(tiny_synth, monkeypatch):
+    from concurrent.futures import ThreadPoolExecutor
+    from toolkit.batching import BatchingSynthesizer
+    calls = []
+    original = tiny_synth.synthesize
+    monkeypatch.setattr(tiny_synth, "synthesize", lambda texts, **kw: (calls.append(len(texts)), original(texts, **kw))[1])
+    batcher = BatchingSynthesizer(tiny_synth, max_batch=8, wait_s=0.2)
+    p = SamplingParams(max_new_tokens=6)
+    with ThreadPoolExecutor(6) as pool:
+        futures = list(pool.map(lambda i: batcher.submit(f"request {i}.", params=p), range(6)))
+    utts = [f.result(timeout=120) for f in futures]
+    bad = batcher.submit("   ", params=p)
+    with pytest.raises(TextError):
+        bad.result(timeout=60)
+    batcher.close()
+    assert all(np.isfinite(u.wav).all() and u.steps > 0 for u in utts)
+    assert len(calls) < 6 and max(calls) > 1  # fewer synthesize calls than requests

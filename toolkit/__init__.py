@@ -2,8 +2,17 @@
 
     from toolkit import Synthesizer
     wavs = Synthesizer(device="cuda", precision="int8").synthesize(["Hello there."], seed=1)
-"""
-from .sampling import SamplingParams
-from .synthesizer import DEFAULT_MODEL, Synthesizer, Utterance, load_model
 
+The names below load lazily (PEP 562), so torch-free parts (toolkit.runtime, toolkit.text) never import torch.
+"""
 __all__ = ["DEFAULT_MODEL", "SamplingParams", "Synthesizer", "Utterance", "load_model"]
+
+
+def __getattr__(name):
+    if name == "SamplingParams":
+        from .sampling import SamplingParams
+        return SamplingParams
+    if name in ("DEFAULT_MODEL", "Synthesizer", "Utterance", "load_model"):
+        from . import synthesizer
+        return getattr(synthesizer, name)
+    raise AttributeError(f"module 'toolkit' has no attribute {name!r}")

@@ -29,13 +29,15 @@ def _progress_bar(desc: str):
 
 
 def cmd_synth(a) -> int:
-    from . import SamplingParams, Synthesizer
-    from .audio import write_wav
-
     text = sys.stdin.read() if a.text == "-" else a.text
     out = Path(a.output)
     if out.exists() and not a.force:
         raise FileExistsError(f"{out} already exists; pass --force to overwrite it, or choose another -o")
+    if a.model and (Path(a.model) / "onnx_manifest.json").is_file():
+        return _synth_onnx(a, text, out)  # a `ttsq export` folder: the torch-free runtime
+    from . import SamplingParams, Synthesizer
+    from .audio import write_wav
+
     synth = Synthesizer(a.model, a.device, a.precision)
     params = SamplingParams(temperature=a.temperature, top_p=a.top_p, top_k=a.top_k, max_new_tokens=a.max_steps)
     utt = synth.synthesize(text, speaker=a.speaker, seed=a.seed, params=params, batch_size=a.batch_size,
@@ -45,6 +47,36 @@ def cmd_synth(a) -> int:
     print(f"wrote {out}: {utt.duration:.2f} s at {utt.sample_rate} Hz, {utt.steps} steps, "
           f"{t['total']:.2f} s to synthesize (RTF {t['total'] / max(utt.duration, 1e-9):.3f})"
           + (" [hit max steps]" if utt.hit_limit else ""))
+    return 0
+
+
+def _synth_onnx(a, text: str, out: Path) -> int:
+    from .runtime import EdgeSynthesizer, SamplingParams, write_wav
+
+    if a.precision is not None:
+        raise ValueError(f"{a.model} is an exported ONNX folder at a fixed precision; drop --precision")
+    synth = EdgeSynthesizer(a.model, device=a.device)
+    if synth.provider_note:
+        print(synth.provider_note, file=sys.stderr)
+    params = SamplingParams(temperature=a.temperature, top_p=a.top_p, top_k=a.top_k, max_new_tokens=a.max_steps)
+    utt = synth.synthesize(text, speaker=a.speaker, seed=a.seed, params=params, batch_size=a.batch_size)[0]
+    write_wav(out, utt.wav, utt.sample_rate)
+    t = utt.timings
+    print(f"wrote {out}: {utt.duration:.2f} s at {utt.sample_rate} Hz, {utt.steps} steps, "
+          f"{t['total']:.2f} s to synthesize (RTF {t['total'] / max(utt.duration, 1e-9):.3f}, ONNX {synth.precision})"
+          + (" [hit max steps]" if utt.hit_limit else ""))
+    return 0
+
+
+def cmd_export(a) -> int:
+    from .export import export_onnx
+
+    out = export_onnx(a.model, a.precision, a.out, calib_set=a.calib, force=a.force,
+                      progress=_progress_bar("export"))
+    files = json.loads((out / "onnx_manifest.json").read_text())["files"]
+    size = sum(f["bytes"] for f in files.values())
+    print(f"wrote {out} ({a.precision}, {size / 2**20:.1f} MiB): "
+          + ", ".join(f"{k} {v['bytes'] / 2**20:.1f} MiB" for k, v in files.items() if k.endswith(".onnx")))
     return 0
 
 
@@ -146,6 +178,15 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--no-awq", action="store_true", help="skip activation-aware scaling")
     s.add_argument("--force", action="store_true", help="replace an existing --out folder")
     s.set_defaults(func=cmd_quantize, device="cpu")
+
+    s = sub.add_parser("export", help="export to ONNX (fp32, fp16, int8, int4) for the torch-free runtime")
+    s.add_argument("--model", help="ttsq model folder or official ChatTTS folder (default: the shipped voice)")
+    s.add_argument("--precision", required=True,
+                   help="fp32, fp16, int8, int4 (int4-hqq, int4-b128, int4-hqq-b128: algorithm and block size)")
+    s.add_argument("--out", required=True, help="folder to write (atomically)")
+    s.add_argument("--calib", help="calibration set (JSONL): int8 Decoder/Vocos become static QDQ")
+    s.add_argument("--force", action="store_true", help="replace an existing --out folder")
+    s.set_defaults(func=cmd_export)
 
     try:
         from evaluation.cli import add_evaluate_parser

@@ -83,7 +83,7 @@ def _sync(device: torch.device) -> None:
 
 class Synthesizer:
     def __init__(self, model: str | Path | TTSModel | None = None, device: str | None = None,
-                 precision: str | None = None, **recipe_options):
+                 precision: str | None = None, *, warmup: bool = False, **recipe_options):
         self.device = resolve_device(device)
         self.model = model if isinstance(model, TTSModel) else load_model(model, self.device)
         if self.model.tokenizer is None:
@@ -95,6 +95,13 @@ class Synthesizer:
         self.precision = precision or getattr(self.model, "precision", "fp32")
         self.engine = Engine(self.model.gpt)
         self._fp32: dict[str, torch.nn.Module] = {}  # stages that overflowed in half precision
+        if warmup:
+            self.warmup()
+
+    def warmup(self, batch_sizes: Sequence[int] = (1,)) -> None:
+        """Allocate the KV cache and capture the decode graphs now, so the first request pays nothing extra."""
+        for b in batch_sizes:
+            self.synthesize(["warm up."] * b, batch_size=b, params=SamplingParams(max_new_tokens=self.engine.chunk + 1))
 
     def _fallback(self, stage: str) -> torch.nn.Module:
         """An fp32 copy of a half-precision stage that produced inf/NaN (made once, then reused)."""

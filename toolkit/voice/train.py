@@ -219,7 +219,7 @@ def quantise(z: Tensor, residuals: int, levels: int = 5) -> tuple[Tensor, Tensor
     digits = []
     target = z
     for r in range(residuals):
-        scale = (levels - 1) ** -r
+        scale = levels ** -r  # as GFSQ.forward (chattts 0.2.5 parity): residual r at 5 ** -r
         d = torch.clamp(torch.round(target / scale * half), -half, half)
         digits.append((d + half).long())
         value = value + d / half * scale
@@ -404,6 +404,7 @@ def train_gpt(cfg: ModelConfig, data: Data, codes: list[Tensor], args, device, l
     max_n = int(steps_sorted[-1])
     gpt.train(), decoder.train()
     step = 0
+    last_save = time.time()
     while not budget.done(step):
         frac = budget.frac(step)
         # curriculum: the longest utterance allowed grows from ~3 s to all over the first 30% (fresh runs)
@@ -448,6 +449,11 @@ def train_gpt(cfg: ModelConfig, data: Data, codes: list[Tensor], args, device, l
             step += 1
             continue
         opt.step()
+        if args.save_every and time.time() - last_save > 60 * args.save_every:
+            last_save = time.time()
+            save_state(Path(args.out), "gpt", {**{f"gpt.{k}": v for k, v in gpt.state_dict().items()},
+                       **{f"decoder.{k}": v for k, v in decoder.state_dict().items()}, "spk_table": spk_table.data},
+                       {"step": step0 + step, "partial": True})
         if step % args.log_every == 0:
             with torch.no_grad():
                 acc = (logits.argmax(-1) == tgt[sel]).float().mean().item()
@@ -545,6 +551,7 @@ def main(argv=None):
     ap.add_argument("--mel-weight", type=float, default=1.0)
     ap.add_argument("--guided", type=float, default=1.0, help="guided-attention loss weight")
     ap.add_argument("--log-every", type=int, default=50)
+    ap.add_argument("--save-every", type=float, default=2.0, help="minutes between GPT checkpoints (0: end only)")
     ap.add_argument("--restart-schedule", action="store_true",
                     help="on resume, run the GPT curriculum and guided-attention schedule as if fresh")
     ap.add_argument("--probe", action="store_true", help="free-running generation check at the end")

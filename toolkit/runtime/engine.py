@@ -1,0 +1,157 @@
+"""ONNX Runtime sessions of an exported folder, and the GPT decode loop over the grown KV cache."""
+from __future__ import annotations
+
+import json
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterator
+
+import numpy as np
+import onnxruntime as ort
+
+from .sampling import SamplingParams, draw, process_logits
+
+MANIFEST = "onnx_manifest.json"
+
+
+def is_exported(path) -> bool:
+    return path is not None and (Path(path) / MANIFEST).is_file()
+
+
+def read_manifest(root: Path) -> dict:
+    path = Path(root) / MANIFEST
+    try:
+        m = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as e:
+        raise ValueError(f"cannot read {path}: {e}. Re-export the model (ttsq export)") from e
+    if m.get("format") != "ttsq-onnx":
+        raise ValueError(f"{path} is not a ttsq ONNX manifest")
+    for name, meta in m.get("files", {}).items():
+        f = Path(root) / name
+        if not f.is_file() or f.stat().st_size != meta["bytes"]:
+            raise ValueError(f"{f} is missing or has the wrong size (manifest says {meta['bytes']} bytes); re-export")
+    return m
+
+
+def pick_providers(prefer: str | None = None) -> tuple[list[str], str | None]:
+    """CUDA when this onnxruntime build offers it, else CPU (with a one-line note)."""
+    have = ort.get_available_providers()
+    prefer = (prefer or "").split(":")[0] or None
+    if prefer == "cpu":
+        return ["CPUExecutionProvider"], None
+    if "CUDAExecutionProvider" in have:
+        return ["CUDAExecutionProvider", "CPUExecutionProvider"], None
+    if prefer == "cuda":
+        raise RuntimeError("CUDA asked for, but this onnxruntime has no CUDAExecutionProvider "
+                           "(install onnxruntime-gpu instead of onnxruntime)")
+    return ["CPUExecutionProvider"], "ttsq runtime: CUDA execution provider not available, running ONNX Runtime on CPU"
+
+
+@dataclass
+class Generation:
+    hidden: np.ndarray  # (B, N, D) float32
+    codes: np.ndarray  # (B, N, Q) int64
+    lengths: np.ndarray  # (B,)
+    finished: np.ndarray  # (B,) bool
+
+
+@dataclass
+class Chunk:
+    start: int
+    hidden: np.ndarray  # (B, n, D)
+    codes: np.ndarray  # (B, n, Q)
+    lengths: np.ndarray
+    finished: np.ndarray
+
+
+class Sessions:
+    def __init__(self, root: Path, manifest: dict, threads: int | None = None, device: str | None = None):
+        self.providers, self.note = pick_providers(device)
+        opts = ort.SessionOptions()
+        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        if threads:
+            opts.intra_op_num_threads = threads
+            opts.inter_op_num_threads = 1
+        self.gpt = ort.InferenceSession(str(root / manifest["graphs"]["gpt"]["file"]), opts, providers=self.providers)
+        self.decoder = ort.InferenceSession(str(root / manifest["graphs"]["decoder"]["file"]), opts,
+                                            providers=self.providers)
+        self.vocos = ort.InferenceSession(str(root / manifest["graphs"]["vocos"]["file"]), opts,
+                                          providers=self.providers)
+
+
+class Engine:
+    def __init__(self, sessions: Sessions, cfg: dict, chunk: int = 16):
+        self.s = sessions
+        g = cfg["gpt"]
+        self.L, self.H, self.D = g["layers"], g["heads"], g["hidden"]
+        self.K = self.D // self.H
+        self.Q, self.V = g["num_vq"], g["num_audio_tokens"]
+        self.eos = self.V - 1
+        self.max_positions = g["max_positions"]
+        self.chunk = chunk
+        self._outs = [o.name for o in self.s.gpt.get_outputs()]
+
+    def _run(self, feeds: dict[str, np.ndarray], past: list) -> tuple[np.ndarray, np.ndarray, list]:
+        vals = {k: ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(v)) for k, v in feeds.items()}
+        for i in range(self.L):
+            vals[f"past_k_{i}"], vals[f"past_v_{i}"] = past[2 * i], past[2 * i + 1]
+        out = self.s.gpt.run_with_ort_values(self._outs, vals)
+        return out[0].numpy(), out[1].numpy(), list(out[2:])
+
+    def stream(self, ids: np.ndarray, valid: np.ndarray, speaker: np.ndarray, spk_id: int | None,
+               params: SamplingParams, seed: int = 0, should_stop: Callable[[], bool] | None = None) -> Iterator[Chunk]:
+        """ids (B, T) left-padded text ids, valid (B, T) bool, speaker (B, D) -> chunks of `chunk` steps."""
+        B, T = ids.shape
+        Q, V = self.Q, self.V
+        steps = min(params.max_new_tokens, self.max_positions - T)
+        if steps < 1:
+            raise ValueError(f"prompt of {T} tokens leaves no room to generate (max_positions {self.max_positions}); "
+                             "split the text into shorter sentences")
+        empty = np.zeros((B, self.H, 0, self.K), np.float32)
+        past = [ort.OrtValue.ortvalue_from_numpy(empty) for _ in range(2 * self.L)]
+        spk_mask = ids == spk_id if spk_id is not None else np.zeros_like(valid)
+        rope = np.maximum(np.cumsum(valid.astype(np.int64), 1) - 1, 0)
+        key_valid = valid.astype(bool)
+        logits, h, past = self._run({"ids": np.repeat(ids[..., None], Q, 2).astype(np.int64),
+                                     "text_mask": np.ones((B, T), bool), "speaker": speaker.astype(np.float32),
+                                     "spk_mask": spk_mask.astype(bool), "rope_pos": rope, "key_valid": key_valid}, past)
+        rope_base = valid.sum(1, keepdims=True).astype(np.int64)
+        temps = np.tile(params.temperatures(Q), B)
+        history = np.full((B * Q, params.penalty_window), V, np.int64)
+        finished = np.zeros(B, bool)
+        lengths = np.zeros(B, np.int64)
+        rng = np.random.default_rng(int(seed))
+        no_text = np.zeros((B, 1), bool)
+        zeros_spk = np.zeros((B, self.D), np.float32)
+        start = 0
+        hid, cod = [], []
+        for i in range(steps):
+            lg = process_logits(logits.reshape(B * Q, V), history, params, temps)
+            if i < params.min_new_tokens:
+                lg[:, self.eos] = -np.inf
+            codes = draw(lg, rng.standard_exponential((B * Q, V), dtype=np.float32))
+            history[:, i % params.penalty_window] = codes
+            codes = codes.reshape(B, Q)
+            hid.append(h)
+            cod.append(codes)
+            finished |= (codes == self.eos).any(-1)
+            lengths += ~finished
+            done = bool(finished.all()) or i == steps - 1
+            if done or len(hid) == self.chunk:
+                yield Chunk(start, np.stack(hid, 1), np.stack(cod, 1), lengths.copy(), finished.copy())
+                start += len(hid)
+                hid, cod = [], []
+                if done or (should_stop is not None and should_stop()):
+                    return
+            key_valid = np.concatenate([key_valid, np.ones((B, 1), bool)], 1)
+            logits, h, past = self._run({"ids": codes[:, None].astype(np.int64), "text_mask": no_text,
+                                         "speaker": zeros_spk, "spk_mask": no_text, "rope_pos": rope_base + i,
+                                         "key_valid": key_valid}, past)
+
+    def generate(self, *args, **kwargs) -> Generation:
+        chunks = list(self.stream(*args, **kwargs))
+        last = chunks[-1]
+        return Generation(np.concatenate([c.hidden for c in chunks], 1), np.concatenate([c.codes for c in chunks], 1),
+                          last.lengths, last.finished)

@@ -1,0 +1,184 @@
+"""Text -> 24 kHz audio from an exported folder, with numpy and ONNX Runtime only (no torch)."""
+from __future__ import annotations
+
+import time
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Iterator, Sequence
+
+import numpy as np
+
+from ..text import TextError, normalize, prompt_text, split_sentences
+from .dsp import istft, torch_randn
+from .engine import Engine, Sessions, read_manifest
+from .sampling import SamplingParams
+from .streaming import StreamRenderer
+
+
+@dataclass
+class Utterance:
+    wav: np.ndarray
+    sample_rate: int
+    steps: int
+    hit_limit: bool
+    timings: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def duration(self) -> float:
+        return len(self.wav) / self.sample_rate
+
+
+class Tokenizer:
+    def __init__(self, path: Path, pad_id: int):
+        from tokenizers import Tokenizer as HF
+        self._tok = HF.from_file(str(path))
+        self._tok.no_padding()
+        self._tok.no_truncation()
+        self.pad_id = pad_id
+
+    def token_id(self, token: str) -> int | None:
+        return self._tok.token_to_id(token)
+
+    def has(self, token: str) -> bool:
+        return self._tok.token_to_id(token) is not None
+
+    def encode(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+        """-> ids (B, T) int64 and mask (B, T) bool, left-padded like the torch tokenizer."""
+        seqs = [e.ids for e in self._tok.encode_batch(list(texts), add_special_tokens=False)]
+        T = max(len(s) for s in seqs)
+        ids = np.full((len(seqs), T), self.pad_id, np.int64)
+        mask = np.zeros((len(seqs), T), bool)
+        for i, s in enumerate(seqs):
+            if s:
+                ids[i, T - len(s):] = s
+                mask[i, T - len(s):] = True
+        return ids, mask
+
+
+class EdgeSynthesizer:
+    """The torch-free counterpart of toolkit.Synthesizer for a folder written by `ttsq export`."""
+
+    def __init__(self, root, threads: int | None = None, device: str | None = None):
+        self.root = Path(root)
+        self.manifest = m = read_manifest(self.root)
+        self.precision = m["precision"]
+        self.cfg = m["config"]
+        self.sessions = Sessions(self.root, m, threads, device)
+        self.provider_note = self.sessions.note
+        self.engine = Engine(self.sessions, self.cfg)
+        self.tokenizer = Tokenizer(self.root / m["tokenizer"], m.get("pad_id", 0))
+        self.spk_stat = np.load(self.root / m["spk_stat"]).astype(np.float32)  # (2, D): std, mean
+        self.voices = {k: np.load(self.root / v).astype(np.float32) for k, v in m.get("voices", {}).items()}
+        from ..frontend import frontend_for
+        self.frontend = frontend_for(m.get("frontend"))
+        self.sample_rate = m["sample_rate"]
+        self.n_fft, self.hop = m["istft"]["n_fft"], m["istft"]["hop"]
+
+    # --- prompt and speaker ---------------------------------------------------------------------------
+    def speaker_vector(self, speaker=None) -> np.ndarray:
+        """A seed (int, "7", "seed:7"; the same vector as the torch Synthesizer), a voice name, or a (D,) vector."""
+        D = self.cfg["gpt"]["hidden"]
+        if speaker is None:
+            speaker = next(iter(self.voices), 0)
+        if isinstance(speaker, str):
+            s = speaker.removeprefix("seed:")
+            if s.lstrip("-").isdigit():
+                speaker = int(s)
+        if isinstance(speaker, (int, np.integer)):
+            std, mean = self.spk_stat
+            z = torch_randn(int(speaker), D) if D % 16 == 0 else np.random.default_rng(int(speaker)).standard_normal(D)
+            return (z * std + mean).astype(np.float32)
+        if isinstance(speaker, str):
+            if speaker not in self.voices:
+                raise ValueError(f"unknown speaker {speaker!r}; this model has voices {sorted(self.voices) or 'none'}; "
+                                 "or give an integer seed")
+            return self.voices[speaker]
+        vec = np.asarray(speaker, np.float32)
+        if vec.shape != (D,):
+            raise ValueError(f"speaker vector must have shape ({D},), got {vec.shape}")
+        return vec
+
+    def encode(self, sentences: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+        tok = self.tokenizer
+        ids, valid = tok.encode([prompt_text(self.frontend(s), tok.has) for s in sentences])
+        if int(ids.max()) >= self.cfg["gpt"]["num_text_tokens"]:
+            raise ValueError("the tokenizer produced ids beyond the model's text vocabulary: wrong tokenizer.json?")
+        return ids, valid
+
+    # --- decoding -----------------------------------------------------------------------------------
+    def decode(self, hidden: np.ndarray, n: int) -> tuple[np.ndarray, float, float]:
+        """hidden (N, D) -> 512 * n - 256 samples, (wav, decoder s, vocoder s)."""
+        if n == 0:
+            return np.zeros(0, np.float32), 0.0, 0.0
+        t0 = time.perf_counter()
+        mel = self.sessions.decoder.run(None, {"hidden": np.ascontiguousarray(hidden[None, :n], np.float32)})[0]
+        t1 = time.perf_counter()
+        real, imag = self.sessions.vocos.run(None, {"mel": mel})
+        wav = istft(real[0], imag[0], self.n_fft, self.hop)
+        if not np.isfinite(wav).all():
+            raise FloatingPointError("non-finite audio from the exported model")
+        return wav.astype(np.float32), t1 - t0, time.perf_counter() - t1
+
+    def synthesize(self, texts: str | Sequence[str], *, speaker=None, seed: int = 0,
+                   params: SamplingParams | None = None, batch_size: int = 8, max_chars: int = 120,
+                   progress: Callable[[int, int], None] | None = None) -> list[Utterance]:
+        if isinstance(texts, str):
+            texts = [texts]
+        if not texts:
+            raise TextError("no texts given")
+        params = params or SamplingParams()
+        spk = self.speaker_vector(speaker)
+        pieces = [(i, p) for i, t in enumerate(texts) for p in split_sentences(normalize(t), max_chars)]
+        order = sorted(range(len(pieces)), key=lambda k: len(pieces[k][1]))
+        wavs, steps, limit = {}, {}, {}
+        timing = {"gpt": 0.0, "decoder": 0.0, "vocoder": 0.0}
+        t_start = time.perf_counter()
+        spk_id = self.tokenizer.token_id("[spk_emb]")
+        for b in range(0, len(order), batch_size):
+            idx = order[b:b + batch_size]
+            t0 = time.perf_counter()
+            ids, valid = self.encode([pieces[k][1] for k in idx])
+            gen = self.engine.generate(ids, valid, np.repeat(spk[None], len(idx), 0), spk_id, params, seed=seed + b)
+            timing["gpt"] += time.perf_counter() - t0
+            for j, k in enumerate(idx):
+                n = int(gen.lengths[j])
+                wavs[k], td, tv = self.decode(gen.hidden[j], n)
+                timing["decoder"] += td
+                timing["vocoder"] += tv
+                steps[k], limit[k] = n, not bool(gen.finished[j])
+            if progress:
+                progress(min(b + batch_size, len(order)), len(order))
+        timing["total"] = time.perf_counter() - t_start
+        out = []
+        for i in range(len(texts)):
+            ks = [k for k in range(len(pieces)) if pieces[k][0] == i]
+            if any(limit[k] for k in ks):
+                warnings.warn(f"text {i}: a sentence reached max_new_tokens without EOS; its audio may be cut",
+                              stacklevel=2)
+            out.append(Utterance(np.concatenate([wavs[k] for k in ks]), self.sample_rate, sum(steps[k] for k in ks),
+                                 any(limit[k] for k in ks), dict(timing)))
+        return out
+
+    def renderer(self) -> StreamRenderer:
+        s = self.manifest["streaming"]
+        return StreamRenderer(self.sessions.decoder, self.sessions.vocos, self.n_fft, self.hop,
+                              s["decoder_radius"], s["vocos_radius"])
+
+    def stream(self, text: str, *, speaker=None, seed: int = 0, params: SamplingParams | None = None,
+               max_chars: int = 120) -> Iterator[np.ndarray]:
+        """Yields float32 audio pieces as the GPT produces states, sentence by sentence."""
+        params = params or SamplingParams()
+        spk = self.speaker_vector(speaker)
+        spk_id = self.tokenizer.token_id("[spk_emb]")
+        for i, sentence in enumerate(split_sentences(normalize(text), max_chars)):
+            ids, valid = self.encode([sentence])
+            r = self.renderer()
+            for chunk in self.engine.stream(ids, valid, spk[None], spk_id, params, seed=seed + i):
+                n = max(0, min(chunk.hidden.shape[1], int(chunk.lengths[0]) - chunk.start))
+                piece = r.push(chunk.hidden[0, :n])
+                if piece.size:
+                    yield piece
+            tail = r.finish()
+            if tail.size:
+                yield tail

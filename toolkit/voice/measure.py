@@ -1,0 +1,155 @@
+"""Measure the shipped voice on the corpus's held-out sentences (never trained on) against their espeak audio.
+
+    python -m toolkit.voice.measure --corpus corpus [--model toolkit/assets/voice] [--n 100]
+        [--json docs/voice/measure.json] [--pictures docs/voice]
+
+Figures: mean DTW-MCD vs the espeak reference (ESPnet settings, evaluation.metrics.mcd) with a bootstrap CI;
+the duration ratio synthesized/reference and the share within +-25%; DNSMOS overall (synthesized and reference);
+the share of sentences that reached EOS; between- vs within-speaker spectral distance (mean log-mel
+spectrum per utterance, Euclidean, pairs of the same language only). Pictures: reference vs synthesized
+log-mel spectrograms of three held-out sentences.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from itertools import combinations
+from pathlib import Path
+
+import numpy as np
+
+
+def mean_spectrum(wav: np.ndarray) -> np.ndarray:
+    import torch
+
+    from ..models.config import VocosConfig
+    from ..models.vocos import LogMel
+
+    mel = LogMel(VocosConfig())(torch.from_numpy(wav.astype(np.float32))[None])[0].numpy()  # (100, F)
+    energy = mel.mean(0)
+    voiced = energy > energy.max() - 6.0  # frames within ~26 dB of the loudest
+    return mel[:, voiced].mean(1)
+
+
+def speaker_distances(items: list[dict], wavs: list[np.ndarray]) -> dict:
+    emb = [mean_spectrum(w) for w in wavs]
+    within, between = [], []
+    for i, j in combinations(range(len(items)), 2):
+        if items[i]["lang"] != items[j]["lang"]:
+            continue
+        d = float(np.linalg.norm(emb[i] - emb[j]))
+        (within if items[i]["speaker"] == items[j]["speaker"] else between).append(d)
+    return {"within": float(np.mean(within)), "between": float(np.mean(between)),
+            "ratio": float(np.mean(between) / np.mean(within))}
+
+
+def picture(ref: np.ndarray, syn: np.ndarray, title: str, path: Path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import torch
+
+    from ..models.config import VocosConfig
+    from ..models.vocos import LogMel
+
+    lm = LogMel(VocosConfig())
+    fig, axes = plt.subplots(2, 1, figsize=(10, 5.5), sharex=True)
+    for ax, w, name in zip(axes, (ref, syn), ("espeak-ng reference", "ttsq voice (synthesized)")):
+        m = lm(torch.from_numpy(w.astype(np.float32))[None])[0].numpy()
+        ax.imshow(m, origin="lower", aspect="auto", vmin=-11.5, vmax=2.5, cmap="magma",
+                  extent=(0, m.shape[1] * 256 / 24000, 0, 100))
+        ax.set_ylabel("mel bin")
+        ax.set_title(f"{name}: {len(w) / 24000:.2f} s", fontsize=9)
+    axes[1].set_xlabel("seconds")
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=80)
+    plt.close(fig)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--corpus", type=Path, required=True)
+    ap.add_argument("--model", type=Path, default=None, help="default: the shipped voice")
+    ap.add_argument("--n", type=int, default=100)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--max-new-tokens", type=int, default=700, help="15 s; a sentence without EOS by then counts as a miss")
+    ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument("--pictures", type=Path, default=None)
+    ap.add_argument("--dnsmos", type=int, default=100, help="how many sentences DNSMOS scores (slow on CPU)")
+    a = ap.parse_args(argv)
+
+    import soundfile as sf
+
+    from evaluation.metrics import bootstrap_ci, dnsmos, mcd
+
+    from ..sampling import SamplingParams
+    from ..synthesizer import Synthesizer
+
+    items = [json.loads(line) for line in open(a.corpus / "meta.jsonl", encoding="utf-8")]
+    items = [it for it in items if it["split"] == "heldout"][: a.n]
+    syn = Synthesizer(a.model, device=a.device)
+    params = SamplingParams(max_new_tokens=a.max_new_tokens)
+    t0 = time.time()
+    out: dict[str, object] = {}
+    for spk in sorted({it["speaker"] for it in items}):
+        group = [it for it in items if it["speaker"] == spk]
+        for it, u in zip(group, syn.synthesize([it["text"] for it in group], speaker=spk, seed=a.seed,
+                                               params=params, batch_size=16)):
+            out[it["id"]] = u
+    synth_s = time.time() - t0
+    refs = [sf.read(a.corpus / "heldout" / f"{it['id']}.wav", dtype="float32")[0] for it in items]
+    wavs = [out[it["id"]].wav for it in items]
+    mcds, ratios, eos = [], [], []
+    for it, r, w in zip(items, refs, wavs):
+        ratios.append(len(w) / len(r))
+        eos.append(not out[it["id"]].hit_limit)
+        try:
+            mcds.append(mcd(r, w, 24000, align="dtw").value_db)
+        except ValueError:  # too short / silent synthesized audio
+            mcds.append(float("nan"))
+    mcd_ok = [m for m in mcds if np.isfinite(m)]
+    k = min(a.dnsmos, len(items))
+    dn_syn = [dnsmos(w, 24000)["ovrl"] if len(w) > 12000 else float("nan") for w in wavs[:k]]
+    dn_ref = [dnsmos(r, 24000)["ovrl"] for r in refs[:k]]
+    ratios_a = np.array(ratios)
+    res = {
+        "sentences": len(items), "synthesis_seconds_cpu": round(synth_s, 1),
+        "mcd_db": bootstrap_ci(mcd_ok) if mcd_ok else None, "mcd_failed": len(mcds) - len(mcd_ok),
+        "mcd_settings": "ESPnet: pysptk mcep order 34, alpha 0.46, 24 kHz, 1024 fft, 5 ms hop, DTW, c0 excluded",
+        "duration_ratio_median": float(np.median(ratios_a)),
+        "duration_within_25pct": float(np.mean((ratios_a > 0.75) & (ratios_a < 1.25))),
+        "eos_reached": float(np.mean(eos)),
+        "dnsmos_ovrl_synth": bootstrap_ci([x for x in dn_syn if np.isfinite(x)]),
+        "dnsmos_ovrl_reference": bootstrap_ci(dn_ref),
+        "speaker_distance_synth": speaker_distances(items, wavs),
+        "speaker_distance_reference": speaker_distances(items, refs),
+        "per_language": {},
+        "settings": {"seed": a.seed, "max_new_tokens": a.max_new_tokens, "sampling": "ChatTTS defaults",
+                     "speaker": "the held-out sentence's speaker, by voice name"},
+    }
+    for lang in ("en", "zh"):
+        sel = [i for i, it in enumerate(items) if it["lang"] == lang]
+        m = [mcds[i] for i in sel if np.isfinite(mcds[i])]
+        res["per_language"][lang] = {"n": len(sel), "mcd_db": float(np.mean(m)) if m else None,
+                                     "duration_within_25pct": float(np.mean([(0.75 < ratios[i] < 1.25) for i in sel])),
+                                     "eos_reached": float(np.mean([eos[i] for i in sel]))}
+    print(json.dumps(res, indent=2, ensure_ascii=False))
+    if a.json:
+        a.json.parent.mkdir(parents=True, exist_ok=True)
+        a.json.write_text(json.dumps(res, indent=2, ensure_ascii=False) + "\n")
+    if a.pictures:
+        a.pictures.mkdir(parents=True, exist_ok=True)
+        picks = [next(i for i, it in enumerate(items) if it["lang"] == "en" and len(it["text"]) < 50),
+                 next(i for i, it in enumerate(items) if it["lang"] == "zh"),
+                 next(i for i, it in enumerate(items) if it["lang"] == "en" and len(it["text"]) > 60)]
+        for n, i in enumerate(picks, 1):
+            it = items[i]
+            picture(refs[i], wavs[i], f"{it['id']} ({it['speaker']}): {it['text']}", a.pictures / f"heldout_{n}.png")
+    return res
+
+
+if __name__ == "__main__":
+    main()
