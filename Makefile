@@ -7,7 +7,11 @@ PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 DEB_PACKAGES := espeak-ng
-EXTRAS ?= eval,edge,dev
+# the GUI (PySide6 offscreen/xcb, QtMultimedia, sounddevice) and its tests (Xvfb, a pulseaudio null sink)
+DEB_PACKAGES += libegl1 libfontconfig1 libdbus-1-3 libxkbcommon0 libxkbcommon-x11-0 libxcb-cursor0 libxcb-icccm4 \
+  libxcb-image0 libxcb-keysyms1 libxcb-randr0 libxcb-render-util0 libxcb-shape0 libpulse0 libportaudio2 \
+  pulseaudio xvfb
+EXTRAS ?= eval,edge,dev,gui
 OUT ?= out/demo
 
 .PHONY: setup demo test clean

@@ -135,6 +135,11 @@ def cmd_evaluate(a) -> int:
     return run_from_args(a)
 
 
+def cmd_gui(a) -> int:
+    from gui.app import run
+    return run(a.model, a.device)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="ttsq", description="Fast, quantized, measured ChatTTS-architecture TTS")
     p.add_argument("--debug", action="store_true", help="show tracebacks")
@@ -187,6 +192,11 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--calib", help="calibration set (JSONL): int8 Decoder/Vocos become static QDQ")
     s.add_argument("--force", action="store_true", help="replace an existing --out folder")
     s.set_defaults(func=cmd_export)
+
+    s = sub.add_parser("gui", help="desktop GUI: synthesize, listen, compare precisions (needs the gui extra)")
+    s.add_argument("--model", default=None, help="model folder to open (default: the last one, or the shipped voice)")
+    s.add_argument("--device", default=None, help="cpu or cuda[:N] (default: the last one)")
+    s.set_defaults(func=cmd_gui)
 
     try:
         from evaluation.cli import add_evaluate_parser

@@ -1,0 +1,97 @@
+"""A report dict in the evaluation schema (ttsq-eval/1) from what the GUI measured; written by evaluation.report.
+
+Nothing already measured is computed again. What the GUI does not measure (the decoder+vocoder and teacher-forced
+GPT stages, PESQ/STOI) is null, as the schema allows; `ttsq evaluate` fills those. The FP32 noise floor (FP32 at
+seed+1 against seed) is measured here, with evaluation.runner's own function, so that the gap to FP32 means
+something.
+"""
+from __future__ import annotations
+
+import platform
+import time
+from pathlib import Path
+
+RID = "gui-001"  # the one sentence of a GUI comparison
+
+
+def measure_noise_floor(job, reference_utt, emit=None, should_stop=None) -> dict:
+    """FP32 at seed+1 vs FP32 at seed, via evaluation.runner.noise_floor."""
+    from evaluation.runner import PrecisionRun, noise_floor
+    from toolkit.synthesizer import Synthesizer
+
+    if emit:
+        emit("progress", (0.1, "fp32 at another seed (noise floor)"))
+    synth = Synthesizer(job.model, job.device)
+    other = synth.synthesize(job.text, speaker=job.speaker, seed=job.seed + 1, params=job.params,
+                             should_stop=should_stop)[0]
+    run = PrecisionRun("fp32", synth, 0, {job.seed: {RID: reference_utt}, job.seed + 1: {RID: other}})
+    floor, per = noise_floor(run, (job.seed, job.seed + 1), reference_utt.sample_rate)
+    return {"floor": floor, "per": per}
+
+
+def build_report(job, results: list[dict], floor: dict | None) -> tuple[dict, dict]:
+    """-> (report, utts) for evaluation.report.write_report."""
+    import torch
+
+    from evaluation import metrics
+    from evaluation.runner import ci
+
+    ref = next((r for r in results if r["name"] == "fp32"), None)
+    precisions = {}
+    for r in results:
+        dur_ratio = r["duration_s"] / max(ref["duration_s"], 1e-9) if ref else None
+        t = r["timings"]
+        perf = {
+            "latency_s": r["latency_s"], "rtf": r["rtf"], "steps_per_s": r["steps"] / max(t.get("gpt", 0), 1e-9),
+            "time_to_first_audio_s": r["time_to_first_audio_s"],
+            "stage_latency_s": {k: t.get(k) for k in ("gpt", "decoder", "vocoder")},
+            "throughput_audio_s_per_s": {"1": r["duration_s"] / max(r["latency_s"], 1e-9)},
+            "size_bytes": r["size_bytes"], "peak_gpu_bytes_torch": r["peak_gpu_bytes"], "peak_gpu_bytes_nvml": None,
+        }
+        per_sentence = {RID: {"dtw_mcd_db": r["mcd_db"], "duration_ratio": dur_ratio, "dnsmos_ovrl": r["dnsmos_ovrl"],
+                              "steps": r["steps"], "hit_limit": r["hit_limit"]}}
+        res = {
+            "precision": r["name"], "recipe": r["recipe"], "performance": perf,
+            "decoder_vocoder": {"mcd_db": None, "pesq_wb": None, "stoi": None, "log_mel_l1": None},
+            "gpt_teacher_forced": {"top1_agreement": None, "kl_nats": None},
+            "end_to_end": {"dtw_mcd_db": ci([r["mcd_db"]]), "duration_ratio": ci([dur_ratio]),
+                           "dnsmos_ovrl": ci([r["dnsmos_ovrl"]]), "eos_rate": float(not r["hit_limit"])},
+            "per_sentence": per_sentence,
+        }
+        floor_mcd = (floor or {}).get("per", {}).get(RID)
+        if r["name"] == "fp32" or r["mcd_db"] is None or floor_mcd is None:
+            res["within_noise_floor"] = r["name"] == "fp32"
+        else:
+            diff = metrics.bootstrap_diff_ci([r["mcd_db"]], [floor_mcd])
+            res["gap_vs_noise_floor_db"] = {"mean": diff[0], "lo": diff[1], "hi": diff[2]}
+            res["within_noise_floor"] = diff[1] <= 0.0
+        precisions[r["name"]] = res
+    device = results[0]["device"] if results else job.device
+    report = {
+        "schema": "ttsq-eval/1",
+        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "source": "ttsq gui (one sentence; decoder+vocoder and GPT stages not measured: run ttsq evaluate)",
+        "model": job.model or "shipped voice",
+        "text_set": {"file": "(typed in the GUI)", "sha256": None, "records": 1, "text": job.text},
+        "seeds": [job.seed, job.seed + 1], "device": device,
+        "hardware": torch.cuda.get_device_name(torch.device(device)) if device.startswith("cuda")
+        else f"{platform.processor() or platform.machine()} ({torch.get_num_threads()} threads)",
+        "versions": {"torch": torch.__version__},
+        "mcd_settings": metrics.MCDSettings().describe(),
+        "sampling": dict(job.params.__dict__),
+        "noise_floor": (floor or {}).get("floor") or {"dtw_mcd_db": None, "duration_ratio": None},
+        "precisions": precisions,
+    }
+    utts = {r["name"]: {job.seed: {RID: r["utt"]}} for r in results}
+    return report, utts
+
+
+def save_report(job, results: list[dict], out: str | Path, emit=None, should_stop=None) -> Path:
+    from evaluation.report import write_report
+
+    ref = next((r for r in results if r["name"] == "fp32"), None)
+    floor = measure_noise_floor(job, ref["utt"], emit, should_stop) if ref is not None else None
+    if emit:
+        emit("progress", (0.7, "writing report"))
+    report, utts = build_report(job, results, floor)
+    return write_report(report, utts, out)

@@ -1,0 +1,650 @@
+"""The main window: pick a model, device and precisions, synthesize in a worker, listen, compare."""
+from __future__ import annotations
+
+from dataclasses import astuple
+from pathlib import Path
+
+from PySide6.QtCore import QSettings, Qt, QTimer
+from PySide6.QtGui import QAction, QKeySequence, QShortcut
+from PySide6.QtWidgets import (QCheckBox, QComboBox, QDoubleSpinBox, QFileDialog, QFormLayout, QGroupBox,
+                               QHBoxLayout, QLabel, QListWidget, QListWidgetItem, QMainWindow, QMessageBox,
+                               QPlainTextEdit, QProgressBar, QPushButton, QScrollArea, QSpinBox, QSplitter,
+                               QTabWidget, QVBoxLayout, QWidget)
+
+from . import workers
+from .player import NoOutputDevice, Player
+from .widgets import COLORS, ComparisonTable, LatencyQualityChart, ResultView
+
+SHIPPED = "shipped voice"
+CALIB_DIR = Path(__file__).resolve().parents[1] / "calibration_sets"
+DEFAULT_TEXT = "Turn left at the second light."
+
+
+def sample_sentences() -> list[tuple[str, str]]:
+    """(label, text) from calibration_sets/*.jsonl, a few per language and length."""
+    from toolkit.textsets import load_text_set
+    out, seen = [], set()
+    for f in sorted(CALIB_DIR.glob("*.jsonl")):
+        try:
+            records = load_text_set(f)
+        except Exception:  # noqa: BLE001 -- a broken set just contributes nothing
+            continue
+        for r in records:
+            if (r.language, r.length) in seen and len(out) > 40 or r.text in {t for _, t in out}:
+                continue
+            seen.add((r.language, r.length))
+            out.append((f"[{r.language}, {r.length}] {r.text[:60]}{'…' if len(r.text) > 60 else ''}", r.text))
+    return out
+
+
+class MainWindow(QMainWindow):
+    def __init__(self, settings: QSettings | None = None, model: str | None = None, device: str | None = None):
+        super().__init__()
+        self.setWindowTitle("ttsq — precision vs latency vs quality")
+        self.settings = settings or QSettings("ttsq", "ttsq-gui")
+        self.worker: workers.Worker | None = None
+        self.job: workers.SynthJob | None = None
+        self.results: dict[str, dict] = {}
+        self.key: tuple | None = None
+        self.error_box: QMessageBox | None = None
+        self.warnings: list[str] = []
+        self._closing = False
+        self.player = Player(self)
+        self.player.finished.connect(self._playback_ended)
+        self._playhead = QTimer(self)
+        self._playhead.setInterval(50)
+        self._playhead.timeout.connect(self._move_playhead)
+        self._build()
+        self._load_settings(model, device)
+        self._refresh_model()
+        self._refresh_precisions()
+
+    # ------------------------------------------------------------------------------------------- layout
+    def _build(self) -> None:
+        # left: model, device, precisions, speaker and sampling
+        self.model_combo = QComboBox()
+        self.model_combo.setEditable(True)
+        self.model_combo.setInsertPolicy(QComboBox.NoInsert)
+        self.model_combo.setToolTip("the shipped voice, a ttsq model folder, a quantized artifact, an official "
+                                    "ChatTTS folder or an exported ONNX folder")
+        self.model_combo.currentTextChanged.connect(lambda _: self._refresh_model())
+        browse = QPushButton("Browse…")
+        browse.clicked.connect(self.browse_model)
+        self.model_info = QLabel()
+        self.model_info.setWordWrap(True)
+        self.device_combo = QComboBox()
+        import torch
+        for i in range(torch.cuda.device_count()):
+            self.device_combo.addItem(f"cuda:{i} — {torch.cuda.get_device_name(i)}", f"cuda:{i}")
+        self.device_combo.addItem("cpu", "cpu")
+        self.device_combo.currentIndexChanged.connect(lambda _: self._refresh_precisions())
+        self.precision_list = QListWidget()
+        self.precision_list.setToolTip("check the precisions to compare; greyed ones do not run on this device")
+        self.precision_note = QLabel()
+        self.precision_note.setWordWrap(True)
+
+        model_box = QGroupBox("Model")
+        f = QFormLayout(model_box)
+        row = QHBoxLayout()
+        row.addWidget(self.model_combo, 1)
+        row.addWidget(browse)
+        f.addRow(row)
+        f.addRow(self.model_info)
+        f.addRow("Device", self.device_combo)
+        prec_box = QGroupBox("Precisions")
+        v = QVBoxLayout(prec_box)
+        v.addWidget(self.precision_list)
+        v.addWidget(self.precision_note)
+
+        self.speaker = QComboBox()
+        self.speaker.setEditable(True)
+        self.speaker.addItems(["", "seed:7", "seed:42", "seed:1337"])
+        self.speaker.lineEdit().setPlaceholderText("model default")
+        self.speaker.setToolTip("a voice name of the model, or seed:N for a random speaker")
+        self.seed = QSpinBox()
+        self.seed.setRange(0, 2 ** 31 - 1)
+        self.temperature = QDoubleSpinBox()
+        self.temperature.setRange(0.01, 2.0)
+        self.temperature.setSingleStep(0.05)
+        self.top_p = QDoubleSpinBox()
+        self.top_p.setRange(0.01, 1.0)
+        self.top_p.setSingleStep(0.05)
+        self.top_k = QSpinBox()
+        self.top_k.setRange(1, 1000)
+        self.max_steps = QSpinBox()
+        self.max_steps.setRange(1, 4096)
+        self.dnsmos = QCheckBox("DNSMOS (first use loads its models)")
+        self.ttfa = QCheckBox("time to first audio (streams once more)")
+        samp_box = QGroupBox("Speaker and sampling")
+        f = QFormLayout(samp_box)
+        f.addRow("Speaker", self.speaker)
+        f.addRow("Seed", self.seed)
+        f.addRow("Temperature", self.temperature)
+        f.addRow("Top-p", self.top_p)
+        f.addRow("Top-k", self.top_k)
+        f.addRow("Max steps", self.max_steps)
+        f.addRow(self.dnsmos)
+        f.addRow(self.ttfa)
+
+        left = QWidget()
+        lv = QVBoxLayout(left)
+        lv.addWidget(model_box)
+        lv.addWidget(prec_box, 1)
+        lv.addWidget(samp_box)
+        scroll = QScrollArea()
+        scroll.setWidget(left)
+        scroll.setWidgetResizable(True)
+        scroll.setMinimumWidth(280)
+
+        # right, top: text and synthesis controls
+        self.samples = QComboBox()
+        self.samples.addItem("Sample sentences…", None)
+        for label, text in sample_sentences():
+            self.samples.addItem(label, text)
+        self.samples.activated.connect(self._pick_sample)
+        self.text = QPlainTextEdit()
+        self.text.setPlaceholderText("Type a sentence to synthesize (Ctrl+Enter)")
+        self.synth_button = QPushButton("Synthesize")
+        self.synth_button.setToolTip("Ctrl+Enter")
+        self.synth_button.clicked.connect(self.synthesize)
+        self.cancel_button = QPushButton("Cancel")
+        self.cancel_button.setToolTip("Esc")
+        self.cancel_button.setEnabled(False)
+        self.cancel_button.clicked.connect(self.cancel)
+        self.progress = QProgressBar()
+        self.progress.setRange(0, 1000)
+        self.progress.setFormat("%p%")
+        self.progress_label = QLabel("ready")
+        top = QWidget()
+        tv = QVBoxLayout(top)
+        tv.setContentsMargins(0, 0, 0, 0)
+        tv.addWidget(self.samples)
+        tv.addWidget(self.text, 1)
+        row = QHBoxLayout()
+        row.addWidget(self.synth_button)
+        row.addWidget(self.cancel_button)
+        row.addWidget(self.progress, 1)
+        tv.addLayout(row)
+        tv.addWidget(self.progress_label)
+
+        # right, middle: one tab per result, and playback
+        self.tabs = QTabWidget()
+        self.tabs.setMinimumHeight(160)
+        self.placeholder = QLabel("Results appear here: a waveform and a mel spectrogram per precision.")
+        self.placeholder.setAlignment(Qt.AlignCenter)
+        self.tabs.addTab(self.placeholder, "no results")
+        self.play_button = QPushButton("Play")
+        self.play_button.setToolTip("Space")
+        self.play_button.clicked.connect(self.toggle_play)
+        self.a_combo, self.b_combo = QComboBox(), QComboBox()
+        self.ab_button = QPushButton("A/B: playing A")
+        self.ab_button.setCheckable(True)
+        self.ab_button.setToolTip("switch between A and B at the same position (Ctrl+B)")
+        self.ab_button.toggled.connect(self.switch_ab)
+        self.save_wav_button = QPushButton("Save as WAV…")
+        self.save_wav_button.clicked.connect(lambda: self.save_wav())
+        self.audio_label = QLabel()
+        mid = QWidget()
+        mv = QVBoxLayout(mid)
+        mv.setContentsMargins(0, 0, 0, 0)
+        mv.addWidget(self.tabs, 1)
+        row = QHBoxLayout()
+        row.addWidget(self.play_button)
+        row.addWidget(QLabel("A"))
+        row.addWidget(self.a_combo)
+        row.addWidget(QLabel("B"))
+        row.addWidget(self.b_combo)
+        row.addWidget(self.ab_button)
+        row.addWidget(self.save_wav_button)
+        row.addStretch(1)
+        mv.addLayout(row)
+
+        # right, bottom: table and chart
+        self.table = ComparisonTable()
+        self.table.itemSelectionChanged.connect(self._table_selected)
+        self.chart = LatencyQualityChart()
+        self.bottom = QSplitter(Qt.Horizontal)
+        self.bottom.addWidget(self.table)
+        self.bottom.addWidget(self.chart)
+        self.bottom.setStretchFactor(0, 1)
+        self.bottom.setStretchFactor(1, 1)
+        self.bottom.setSizes([560, 440])
+
+        self.right = QSplitter(Qt.Vertical)
+        for w in (top, mid, self.bottom):
+            self.right.addWidget(w)
+        self.right.setStretchFactor(0, 1)
+        self.right.setStretchFactor(1, 3)
+        self.right.setStretchFactor(2, 3)
+        self.main = QSplitter(Qt.Horizontal)
+        self.main.addWidget(scroll)
+        self.main.addWidget(self.right)
+        self.main.setStretchFactor(1, 1)
+        self.main.setSizes([320, 1000])
+        self.setCentralWidget(self.main)
+        self._menus()
+        self.statusBar().addPermanentWidget(self.audio_label)
+        self.audio_label.setText(self.player.describe())
+        self._update_buttons()
+
+    def _menus(self) -> None:
+        def act(menu, text, slot, shortcut=None):
+            a = QAction(text, self)
+            a.triggered.connect(slot)
+            if shortcut:
+                a.setShortcut(QKeySequence(shortcut))
+            menu.addAction(a)
+            return a
+        m = self.menuBar().addMenu("&File")
+        act(m, "Open model folder…", self.browse_model, "Ctrl+O")
+        self.save_wav_action = act(m, "Save as WAV…", lambda: self.save_wav(), "Ctrl+S")
+        self.save_report_action = act(m, "Save report…", lambda: self.save_report(), "Ctrl+R")
+        m.addSeparator()
+        act(m, "Quit", self.close, "Ctrl+Q")
+        m = self.menuBar().addMenu("&Run")
+        act(m, "Synthesize", self.synthesize)
+        act(m, "Cancel", self.cancel)
+        act(m, "Play / stop", self.toggle_play)
+        act(m, "Clear results", self.clear_results)
+        m = self.menuBar().addMenu("&Tools")
+        act(m, "Quantize…", self.open_quantize)
+        act(m, "Export to ONNX…", self.open_export)
+        for keys in ("Ctrl+Return", "Ctrl+Enter"):
+            QShortcut(QKeySequence(keys), self, self.synthesize)
+        QShortcut(QKeySequence(Qt.Key_Escape), self, self.cancel)
+        QShortcut(QKeySequence(Qt.Key_Space), self, self.toggle_play)
+        QShortcut(QKeySequence("Ctrl+B"), self, self.ab_button.toggle)
+
+    # ------------------------------------------------------------------------------------------- state
+    def model_path(self) -> str | None:
+        t = self.model_combo.currentText().strip()
+        return None if t in ("", SHIPPED) else t
+
+    def device(self) -> str:
+        return self.device_combo.currentData()
+
+    def checked_precisions(self) -> list[str]:
+        return [self.precision_list.item(i).data(Qt.UserRole) for i in range(self.precision_list.count())
+                if self.precision_list.item(i).checkState() == Qt.Checked
+                and self.precision_list.item(i).flags() & Qt.ItemIsEnabled]
+
+    def set_precisions(self, names: list[str]) -> None:
+        for i in range(self.precision_list.count()):
+            it = self.precision_list.item(i)
+            it.setCheckState(Qt.Checked if it.data(Qt.UserRole) in names else Qt.Unchecked)
+
+    def busy(self) -> bool:
+        return self.worker is not None
+
+    def _refresh_model(self) -> None:
+        kind, desc = workers.model_kind(self.model_path())
+        self.model_combo.setToolTip(self.model_combo.currentText())
+        self.model_kind = kind
+        self.model_info.setText(desc)
+        self.model_info.setStyleSheet("color: #b00020" if kind in ("missing", "invalid") else "")
+        fixed = kind in ("artifact", "onnx")
+        self.precision_list.setEnabled(not fixed)
+        self.precision_note.setText("This model already has its precision: it runs as is (add its source model's "
+                                    "fp32 run first to get MCD against FP32)." if fixed else "")
+
+    def _refresh_precisions(self) -> None:
+        import torch
+
+        from toolkit.precision.recipes import RECIPES, UnsupportedRecipe, get_recipe
+        checked = set(self.checked_precisions()) if self.precision_list.count() else {"fp32"}
+        dev = torch.device(self.device() or "cpu")
+        self.precision_list.clear()
+        for name, recipe in RECIPES.items():
+            it = QListWidgetItem(name)
+            it.setData(Qt.UserRole, name)
+            try:
+                get_recipe(name, dev)
+                it.setToolTip(recipe.note or name)
+                it.setFlags(Qt.ItemIsEnabled | Qt.ItemIsUserCheckable)
+            except UnsupportedRecipe as e:
+                it.setText(f"{name} — not on {dev.type}")
+                it.setToolTip(str(e))
+                it.setFlags(Qt.ItemIsUserCheckable)  # shown, greyed
+            it.setCheckState(Qt.Checked if name in checked and it.flags() & Qt.ItemIsEnabled else Qt.Unchecked)
+            self.precision_list.addItem(it)
+
+    def _update_buttons(self) -> None:
+        busy = self.busy()
+        self.synth_button.setEnabled(not busy)
+        self.cancel_button.setEnabled(busy)
+        have = bool(self.results)
+        for w in (self.play_button, self.save_wav_button, self.a_combo, self.b_combo, self.ab_button):
+            w.setEnabled(have)
+        self.save_wav_action.setEnabled(have)
+        self.save_report_action.setEnabled(have and not busy)
+        self.play_button.setText("Stop" if self.player.playing else "Play")
+
+    def _pick_sample(self, index: int) -> None:
+        text = self.samples.itemData(index)
+        if text:
+            self.text.setPlainText(text)
+
+    def browse_model(self) -> None:
+        path = QFileDialog.getExistingDirectory(self, "Model folder (ttsq, artifact, ChatTTS or ONNX)",
+                                                self.model_path() or str(Path.cwd()))
+        if path:
+            self.set_model(path)
+
+    def set_model(self, path: str | None) -> None:
+        text = path or SHIPPED
+        if self.model_combo.findText(text) < 0:
+            self.model_combo.insertItem(1, text)
+        self.model_combo.setCurrentText(text)
+
+    # ------------------------------------------------------------------------------------------- synthesis
+    def make_job(self) -> workers.SynthJob:
+        from toolkit.sampling import SamplingParams
+        params = SamplingParams(temperature=self.temperature.value(), top_p=self.top_p.value(),
+                                top_k=self.top_k.value(), max_new_tokens=self.max_steps.value())
+        speaker = self.speaker.currentText().strip() or None
+        text = self.text.toPlainText().strip()
+        key = (self.model_path() if self.model_kind not in ("artifact", "onnx") else "any", text, speaker,
+               self.seed.value(), astuple(params), self.device())
+        return workers.SynthJob(self.model_path(), self.device(), self.checked_precisions(), text, speaker,
+                                self.seed.value(), params, self.dnsmos.isChecked(), self.ttfa.isChecked(), key=key)
+
+    def synthesize(self) -> None:
+        if self.busy():
+            return
+        try:
+            job = self.make_job()
+        except ValueError as e:
+            self.show_error("Invalid settings", str(e))
+            return
+        if job.key != self.key:  # another sentence or setting: a new comparison
+            self.clear_results()
+            self.key = job.key
+        ref = self.results.get(workers.FP32)
+        job.reference = ref["utt"] if ref else None
+        self.job = job
+        self.warnings = []
+        self._save_settings()
+        self.progress.setValue(0)
+        self.progress_label.setText("starting…")
+        self._run(lambda emit, stop: workers.synthesize_precisions(job, emit, stop), "Synthesis failed")
+
+    def _run(self, fn, error_title: str, on_done=None) -> None:
+        self.worker = workers.Worker(fn)
+        self.worker.event.connect(self._event)
+        self.worker.failed.connect(lambda m: self.show_error(error_title, m))
+        self.worker.cancelled.connect(lambda: self.progress_label.setText("cancelled"))
+        if on_done:
+            self.worker.done.connect(on_done)
+        self.worker.finished.connect(self._worker_finished)
+        workers.start(self.worker, self)
+        self._update_buttons()
+
+    def cancel(self) -> None:
+        if self.worker is not None:
+            self.worker.cancel()
+            self.progress_label.setText("cancelling after the current step…")
+        elif self.player.playing:
+            self.player.stop()
+
+    def _event(self, kind: str, payload) -> None:
+        if kind == "progress":
+            frac, label = payload
+            self.progress.setValue(int(1000 * frac))
+            self.progress_label.setText(label)
+        elif kind == "result":
+            self.add_result(payload)
+        elif kind == "warning":
+            self.warnings.append(payload)
+            self.statusBar().showMessage(f"warning: {payload}", 15000)
+
+    def _worker_finished(self) -> None:
+        self.worker.wait()
+        self.worker.deleteLater()
+        self.worker = None
+        if self.progress_label.text() not in ("cancelled",) and not self.progress_label.text().startswith("failed"):
+            self.progress_label.setText("done" + (f" ({len(self.warnings)} warning(s): see the status bar)"
+                                                  if self.warnings else ""))
+        self._update_buttons()
+        if self._closing:
+            self.close()
+
+    def add_result(self, res: dict) -> None:
+        res["model"] = self.job.model if self.job else None
+        new = res["name"] not in self.results
+        self.results[res["name"]] = res
+        self.table.set_result(res)
+        self.chart.set_result(res)
+        if self.tabs.widget(0) is self.placeholder:
+            self.tabs.removeTab(0)
+        names = list(self.results)
+        color = COLORS[names.index(res["name"]) % len(COLORS)]
+        idx = next((i for i in range(self.tabs.count()) if self.tabs.tabText(i) == res["name"]), -1)
+        view = ResultView(res, color)
+        if idx >= 0:
+            self.tabs.removeTab(idx)
+            self.tabs.insertTab(idx, view, res["name"])
+        else:
+            idx = self.tabs.addTab(view, res["name"])
+        self.tabs.setCurrentIndex(idx)
+        if new:
+            for combo in (self.a_combo, self.b_combo):
+                combo.addItem(res["name"])
+            if len(names) >= 2 and self.b_combo.currentText() == self.a_combo.currentText():
+                self.b_combo.setCurrentText(res["name"])
+        self._update_buttons()
+
+    def clear_results(self) -> None:
+        self.player.stop()
+        self.results.clear()
+        self.key = None
+        self.table.clear_results()
+        self.chart.clear_results()
+        while self.tabs.count():
+            w = self.tabs.widget(0)
+            self.tabs.removeTab(0)
+            if w is not self.placeholder:
+                w.deleteLater()
+        self.tabs.addTab(self.placeholder, "no results")
+        self.a_combo.clear()
+        self.b_combo.clear()
+        self._update_buttons()
+
+    # ------------------------------------------------------------------------------------------- playback
+    def current_name(self) -> str | None:
+        combo = self.b_combo if self.ab_button.isChecked() else self.a_combo
+        return combo.currentText() or None
+
+    def _table_selected(self) -> None:
+        rows = self.table.selectionModel().selectedRows()
+        if rows:
+            name = self.table.item(rows[0].row(), 0).text()
+            (self.b_combo if self.ab_button.isChecked() else self.a_combo).setCurrentText(name)
+            self._show_tab(name)
+
+    def _show_tab(self, name: str) -> None:
+        for i in range(self.tabs.count()):
+            if self.tabs.tabText(i) == name:
+                self.tabs.setCurrentIndex(i)
+
+    def toggle_play(self) -> None:
+        if self.player.playing:
+            self.player.stop()
+        else:
+            self.play()
+
+    def play(self, offset_s: float = 0.0) -> bool:
+        name = self.current_name()
+        if name is None or name not in self.results:
+            return False
+        res = self.results[name]
+        self._show_tab(name)
+        try:
+            self.player.play(res["wav"], res["sample_rate"], offset_s)
+        except NoOutputDevice as e:
+            self.no_output_device(str(e))
+            return False
+        except Exception as e:  # noqa: BLE001 -- a device error is a dialog, not a crash
+            self.show_error("Playback failed", f"{type(e).__name__}: {e}")
+            return False
+        self._playhead.start()
+        self.audio_label.setText(self.player.describe())
+        self._update_buttons()
+        return True
+
+    def switch_ab(self, b: bool) -> None:
+        self.ab_button.setText("A/B: playing B" if b else "A/B: playing A")
+        if self.player.playing:
+            self.play(self.player.position())  # the other precision at the same position
+        elif self.current_name():
+            self._show_tab(self.current_name())
+
+    def _move_playhead(self) -> None:
+        view = self.tabs.currentWidget()
+        if isinstance(view, ResultView):
+            view.waveform.playhead = self.player.position() if self.player.playing else None
+            view.waveform.update()
+
+    def _playback_ended(self) -> None:
+        self._playhead.stop()
+        self._move_playhead()
+        self._update_buttons()
+
+    def no_output_device(self, message: str) -> None:
+        box = QMessageBox(QMessageBox.Information, "No audio output", message, QMessageBox.Close, self)
+        save = box.addButton("Save as WAV…", QMessageBox.AcceptRole)
+        save.clicked.connect(lambda: self.save_wav())
+        self._open_box(box)
+
+    def save_wav(self, path: str | None = None) -> Path | None:
+        name = self.current_name()
+        if name is None:
+            return None
+        res = self.results[name]
+        if path is None:
+            path, _ = QFileDialog.getSaveFileName(self, "Save as WAV", str(Path.cwd() / f"ttsq-{name}.wav"),
+                                                  "WAV files (*.wav)")
+            if not path:
+                return None
+        from toolkit.audio import write_wav
+        try:
+            out = write_wav(path, res["wav"], res["sample_rate"], force=True)  # the dialog asked about overwriting
+        except (OSError, ValueError) as e:
+            self.show_error("Could not save the WAV file", str(e))
+            return None
+        self.statusBar().showMessage(f"saved {out}", 10000)
+        return out
+
+    # ------------------------------------------------------------------------------------------- report, dialogs
+    def save_report(self, folder: str | None = None) -> None:
+        if not self.results or self.busy():
+            return
+        if folder is None:
+            folder = QFileDialog.getExistingDirectory(self, "Folder for report.json, report.md, report.html")
+            if not folder:
+                return
+        from . import report
+        job, results = self.job, list(self.results.values())
+        ref = self.results.get(workers.FP32)
+        if ref is not None and ref.get("model") != job.model:  # the noise floor comes from FP32's own model
+            from dataclasses import replace
+            job = replace(job, model=ref.get("model"))
+
+        def done(path):
+            self.progress.setValue(1000)
+            self.progress_label.setText(f"report saved to {path}")
+            self.statusBar().showMessage(f"report saved to {path}", 15000)
+        self._run(lambda emit, stop: report.save_report(job, results, folder, emit, stop), "Could not save the report",
+                  done)
+
+    def open_quantize(self) -> None:
+        from .dialogs import QuantizeDialog
+        self._dialog = QuantizeDialog(self.model_path(), self.device(), self)
+        self._dialog.produced.connect(self._offer_model)
+        self._dialog.open()
+
+    def open_export(self) -> None:
+        from .dialogs import ExportDialog
+        self._dialog = ExportDialog(self.model_path(), self.device(), self)
+        self._dialog.produced.connect(self._offer_model)
+        self._dialog.open()
+
+    def _offer_model(self, path: str) -> None:
+        if self.model_combo.findText(path) < 0:
+            self.model_combo.addItem(path)
+        self.statusBar().showMessage(f"wrote {path}: pick it in the model list to try it", 15000)
+
+    # ------------------------------------------------------------------------------------------- errors, settings
+    def _open_box(self, box: QMessageBox) -> None:
+        if self.error_box is not None:
+            self.error_box.close()
+        self.error_box = box
+        box.setWindowModality(Qt.WindowModal)
+        box.open()  # non-blocking: the window keeps running
+
+    def show_error(self, title: str, message: str) -> None:
+        self.progress_label.setText(f"failed: {message[:120]}")
+        self._open_box(QMessageBox(QMessageBox.Critical, title, message, QMessageBox.Ok, self))
+
+    def _load_settings(self, model, device) -> None:
+        s = self.settings
+        self.model_combo.addItem(SHIPPED)
+        for p in s.value("recent_models", [], list) or []:
+            if p and self.model_combo.findText(p) < 0:
+                self.model_combo.addItem(p)
+        self.set_model(model if model is not None else (s.value("model", "") or None))
+        dev = device or s.value("device", "")
+        i = self.device_combo.findData(dev)
+        self.device_combo.setCurrentIndex(i if i >= 0 else 0)
+        self._refresh_precisions()
+        self.set_precisions(s.value("precisions", ["fp32", "int8"], list) or ["fp32"])
+        self.text.setPlainText(s.value("text", DEFAULT_TEXT))
+        self.speaker.setCurrentText(s.value("speaker", ""))
+        self.seed.setValue(int(s.value("seed", 0)))
+        self.temperature.setValue(float(s.value("temperature", 0.3)))
+        self.top_p.setValue(float(s.value("top_p", 0.7)))
+        self.top_k.setValue(int(s.value("top_k", 20)))
+        self.max_steps.setValue(int(s.value("max_steps", 2048)))
+        self.dnsmos.setChecked(s.value("dnsmos", "true") in (True, "true"))
+        self.ttfa.setChecked(s.value("ttfa", "true") in (True, "true"))
+        if s.value("geometry") is not None:
+            self.restoreGeometry(s.value("geometry"))
+        else:
+            self.resize(1280, 860)
+        for name, sp in (("split_main", self.main), ("split_right", self.right), ("split_bottom", self.bottom)):
+            if s.value(name) is not None:
+                sp.restoreState(s.value(name))
+
+    def _save_settings(self) -> None:
+        s = self.settings
+        s.setValue("model", self.model_path() or "")
+        s.setValue("recent_models", [self.model_combo.itemText(i) for i in range(self.model_combo.count())
+                                     if self.model_combo.itemText(i) != SHIPPED][:10])
+        s.setValue("device", self.device())
+        s.setValue("precisions", self.checked_precisions())
+        s.setValue("text", self.text.toPlainText())
+        s.setValue("speaker", self.speaker.currentText())
+        for name in ("seed", "temperature", "top_p", "top_k", "max_steps"):
+            s.setValue(name, getattr(self, name).value())
+        s.setValue("dnsmos", self.dnsmos.isChecked())
+        s.setValue("ttfa", self.ttfa.isChecked())
+        s.setValue("geometry", self.saveGeometry())
+        s.setValue("split_main", self.main.saveState())
+        s.setValue("split_right", self.right.saveState())
+        s.setValue("split_bottom", self.bottom.saveState())
+        s.sync()
+
+    def closeEvent(self, event) -> None:
+        self.player.stop()
+        if self.busy():  # finish (cancelled) in the background, then close: never kill a thread mid-call
+            self._closing = True
+            self.worker.cancel()
+            self.hide()
+            event.ignore()
+            return
+        self._save_settings()
+        super().closeEvent(event)
+
+    def wait_for_workers(self) -> None:
+        if self.worker is not None:
+            self.worker.cancel()
+            self.worker.wait()
