@@ -141,3 +141,14 @@ def test_fp16_overflow_falls_back_to_fp32_per_stage(tiny_dir):
     seg = u.segments[0]
     expected = ref.decode(seg.hidden[None], torch.tensor([seg.hidden.shape[0]]))[0][0]
     np.testing.assert_allclose(u.wav, expected, atol=2e-2 * np.abs(expected).max())
+
+
+def test_artifact_keeps_the_text_front_end(reports, tmp_path):
+    model, _ = reports["int8"]
+    model.frontend = "espeak"
+    try:
+        out = save_artifact(model, tmp_path / "fe")
+    finally:
+        model.frontend = None
+    assert json.loads((out / "manifest.json").read_text())["frontend"] == "espeak"
+    assert load_model(out).frontend == "espeak"

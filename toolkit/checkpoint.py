@@ -295,7 +295,8 @@ def save_ttsq(model: TTSModel, out: str | Path, *, force: bool = False, extra: d
         state = {k: v.detach().contiguous().cpu() for k, v in split_state(model).items()}
         save_file(state, str(tmp / "model.safetensors"))
         shutil.copyfile(model.tokenizer.path, tmp / "tokenizer.json")
-        write_manifest(tmp, {"precision": "fp32", "config": model.cfg.to_dict(), **(extra or {})})
+        write_manifest(tmp, {"precision": "fp32", "config": model.cfg.to_dict(),
+                             "frontend": getattr(model, "frontend", None), **(extra or {})})
     return out
 
 

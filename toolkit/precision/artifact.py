@@ -32,7 +32,8 @@ def save_artifact(model: TTSModel, out: str | Path, *, force: bool = False, cali
         layers = {**{n: report.precision for n in plan.quantize}, **{n: "float (sensitive)" for n in plan.keep},
                   **{n: "float (shape)" for n in plan.skipped}}
         write_manifest(tmp, {
-            "precision": report.precision, "recipe": RECIPES[report.precision].__dict__ | {},
+            "precision": report.precision, "recipe": dict(RECIPES[report.precision].__dict__),
+            "frontend": getattr(model, "frontend", None),
             "device_kind": report.device, "dtype": str(model.gpt.norm.weight.dtype).removeprefix("torch."),
             "config": model.cfg.to_dict(), "layers": layers, "awq_alphas": plan.alphas,
             "sensitivity": plan.scores, "calibration": calib or {}, "errors": report.errors,
