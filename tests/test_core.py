@@ -251,3 +251,20 @@ def test_concurrent_requests_are_batched(tiny_synth, monkeypatch):
     batcher.close()
     assert all(np.isfinite(u.wav).all() and u.steps > 0 for u in utts)
     assert len(calls) < 6 and max(calls) > 1  # fewer synthesize calls than requests
+
+
+def test_cache_growth_keeps_decoding_exact(tiny_synth):
+    """300 steps cross the 256-slot cache bucket: every state the engine produced equals a teacher-forced
+    forward over the same prompt and codes."""
+    from toolkit.engine import CACHE_BUCKET, Engine
+    from toolkit.prompt import encode_prompts
+    model = tiny_synth.model
+    emb, valid = encode_prompts(model, ["grow the cache please."], tiny_synth.speaker_vector(0))
+    engine = Engine(model.gpt)
+    gen = engine.generate(emb, valid, SamplingParams(max_new_tokens=300, min_new_tokens=300), seed=0)
+    assert model.gpt.cache_shape[1] > CACHE_BUCKET and gen.hidden.shape[1] == 300
+    full = torch.cat([emb, model.gpt.embed_codes(gen.codes)], 1)
+    ok = torch.cat([valid, torch.ones(1, 300, dtype=torch.bool)], 1)
+    with torch.inference_mode():
+        ref = model.gpt.forward_full(full, ok)[:, emb.shape[1] - 1: emb.shape[1] + 299]
+    torch.testing.assert_close(gen.hidden, ref, rtol=1e-4, atol=1e-4)

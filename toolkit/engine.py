@@ -62,15 +62,35 @@ class Engine:
         self._graphs: dict[tuple, tuple[torch.cuda.CUDAGraph, DecodeState]] = {}
         self._states: dict[tuple, DecodeState] = {}
 
-    def _ensure_cache(self, batch: int, length: int) -> None:
-        have = self.gpt.cache_shape
-        length = min(-(-length // CACHE_BUCKET) * CACHE_BUCKET, self.gpt.cfg.max_positions)
-        if have is None or have[0] < batch or have[1] < length:
-            self.gpt.setup_caches(max(batch, have[0] if have else 0), max(length, have[1] if have else 0))
-            self._graphs.clear()  # captured graphs point at the old cache
-        for layer in self.gpt.layers:  # stale NaN in unused slots would leak through 0 * NaN
+    def _ensure_cache(self, batch: int, length: int) -> bool:
+        """Make the cache hold `length` positions for `batch` rows (in buckets of CACHE_BUCKET), zeroed.
+        -> whether it was reallocated."""
+        gpt = self.gpt
+        have = gpt.cache_shape
+        length = min(-(-length // CACHE_BUCKET) * CACHE_BUCKET, gpt.cfg.max_positions)
+        grown = have is None or have[0] < batch or have[1] < length
+        if grown:
+            gpt.setup_caches(max(batch, have[0] if have else 0), max(length, have[1] if have else 0))
+            self._graphs.clear()  # captured graphs point at the old buffers
+        for layer in gpt.layers:  # stale NaN in unused slots would leak through 0 * NaN
             layer.attention.kv_cache.k.zero_()
             layer.attention.kv_cache.v.zero_()
+        return grown
+
+    def _grow(self, B: int, length: int, params: SamplingParams, state: DecodeState):
+        """Mid-generation: a longer cache holding what the old one held, and the step function for it."""
+        gpt = self.gpt
+        old = [(l.attention.kv_cache.k, l.attention.kv_cache.v) for l in gpt.layers]
+        old_valid = gpt.key_valid
+        self._ensure_cache(B, length)
+        step_fn, new = self._runner(B, params, gpt.norm.weight.dtype, old_valid.device, carry=state)
+        b, n = old_valid.shape  # copied after any graph capture, which scribbles on the cache
+        for layer, (k, v) in zip(gpt.layers, old):
+            layer.attention.kv_cache.k[:b, :, :n] = k
+            layer.attention.kv_cache.v[:b, :, :n] = v
+        gpt.key_valid[:b, :n] = old_valid
+        gpt.key_valid[:, n:] = True
+        return step_fn, new
 
     def _step(self, s: DecodeState, p: SamplingParams) -> None:
         """One decode step on static buffers: sample from s.h, record, feed the codes back."""
@@ -92,7 +112,17 @@ class Engine:
         s.h.copy_(gpt(x, (s.prompt_len + i).view(1), s.rope_base + i)[:, 0])
         s.step += 1
 
-    def _runner(self, B: int, p: SamplingParams, dtype, device) -> tuple[Callable[[], None], DecodeState]:
+    def _runner(self, B: int, p: SamplingParams, dtype, device,
+                carry: DecodeState | None = None) -> tuple[Callable[[], None], DecodeState]:
+        """The step function for this batch, cache length and sampling settings; `carry` hands over the state
+        of a generation in flight (when the cache grew)."""
+        step_fn, state = self._make_runner(B, p, dtype, device)
+        if carry is not None and carry is not state:
+            for name, value in vars(carry).items():
+                getattr(state, name).copy_(value)
+        return step_fn, state
+
+    def _make_runner(self, B: int, p: SamplingParams, dtype, device) -> tuple[Callable[[], None], DecodeState]:
         cfg = self.gpt.cfg
         key = (B, self.gpt.cache_shape, dtype, p.top_p, p.top_k, p.repetition_penalty, p.penalty_window, p.min_keep)
         use_graph = self.cuda_graphs and device.type == "cuda"
@@ -126,9 +156,10 @@ class Engine:
             raise ValueError(f"prompt of {T} tokens leaves no room to generate (max_positions {cfg.max_positions}); "
                              "split the text into shorter sentences")
         dev, dtype = emb.device, gpt.norm.weight.dtype
-        self._ensure_cache(B, T + steps)
+        # the cache starts at the prompt plus one bucket and grows by buckets: attention cost follows the length
+        self._ensure_cache(B, T + self.chunk)
         step_fn, s = self._runner(B, params, dtype, dev)  # may capture, which writes the cache: prefill after
-        self._ensure_cache(B, T + steps)
+        self._ensure_cache(B, T + self.chunk)
         gpt.key_valid[:B].fill_(True)
         gpt.key_valid[:B, :T] = valid
         rope = (valid.long().cumsum(1) - 1).clamp(min=0)
@@ -145,6 +176,8 @@ class Engine:
         start = 0
         while start < steps:
             n = min(self.chunk, steps - start)
+            if gpt.cache_shape[1] < T + start + n:
+                step_fn, s = self._grow(B, T + start + n, params, s)
             s.noise.exponential_(1, generator=gen)
             for _ in range(n):
                 step_fn()
