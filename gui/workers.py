@@ -151,13 +151,32 @@ def _folder_bytes(root: Path) -> int:
     return sum(f.stat().st_size for f in root.rglob("*") if f.is_file())
 
 
+class _EdgeAdapter:
+    """The torch-free runtime (`toolkit.runtime.EdgeSynthesizer`) behind the Synthesizer calls the worker makes."""
+
+    def __init__(self, path: str, device: str):
+        import torch
+        from toolkit.runtime import EdgeSynthesizer
+        self.edge = EdgeSynthesizer(path, device=device)
+        self.precision = f"onnx {self.edge.precision}"
+        self.device = torch.device("cpu") if "CUDA" not in str(self.edge.sessions.providers) else torch.device("cuda")
+
+    @staticmethod
+    def _params(params):
+        from toolkit.runtime import SamplingParams
+        return SamplingParams(**vars(params))
+
+    def synthesize(self, text, *, speaker=None, seed=0, params=None, should_stop=None, progress=None):
+        if should_stop is not None and should_stop():
+            raise InterruptedError("synthesis cancelled")
+        return self.edge.synthesize(text, speaker=speaker, seed=seed, params=self._params(params), progress=progress)
+
+    def stream(self, text, *, speaker=None, seed=0, params=None):
+        return self.edge.stream(text, speaker=speaker, seed=seed, params=self._params(params))
+
+
 def _load_onnx(path: str, device: str):
-    try:
-        from toolkit.export import OnnxSynthesizer  # type: ignore[attr-defined]
-    except ImportError:
-        raise RuntimeError("synthesis from an exported ONNX folder needs toolkit.export.OnnxSynthesizer, "
-                           "which this build lacks; pick the ttsq model folder it was exported from") from None
-    return OnnxSynthesizer(path, device)
+    return _EdgeAdapter(path, device)
 
 
 def synthesize_precisions(job: SynthJob, emit, should_stop) -> list[dict]:

@@ -23,7 +23,7 @@ from ..models.gpt import GPT, rotate_half
 
 
 class GPTStep(nn.Module):
-    def __init__(self, gpt: GPT, spk_token: int | None):
+    def __init__(self, gpt: GPT):
         super().__init__()
         self.gpt = gpt
         self.cfg = gpt.cfg
@@ -88,5 +88,5 @@ def export_gpt(gpt: GPT, path, opset: int) -> None:
     axes.update({n: {0: "batch", 2: "past"} for n in inputs[6:]})
     axes.update({n: {0: "batch", 2: "total"} for n in outputs[2:]})
     with torch.no_grad():
-        torch.onnx.export(GPTStep(gpt, None).eval(), args, str(path), input_names=inputs, output_names=outputs,
+        torch.onnx.export(GPTStep(gpt).eval(), args, str(path), input_names=inputs, output_names=outputs,
                           dynamic_axes=axes, opset_version=opset, dynamo=False, do_constant_folding=True)

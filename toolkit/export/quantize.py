@@ -8,6 +8,8 @@
 """
 from __future__ import annotations
 
+import contextlib
+import logging
 import re
 from pathlib import Path
 from typing import Iterable
@@ -16,6 +18,18 @@ import numpy as np
 import onnx
 
 FP16_BLOCK = ["Pow", "ReduceMean", "Sqrt", "Reciprocal", "Exp", "Sin", "Cos", "CumSum", "Range", "Clip"]
+
+
+@contextlib.contextmanager
+def _quiet():
+    """onnxruntime.quantization logs a pre-processing suggestion on the root logger for every graph."""
+    root = logging.getLogger()
+    level = root.level
+    root.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        root.setLevel(level)
 
 
 def parse_precision(precision: str) -> dict:
@@ -41,8 +55,9 @@ def to_fp16(src: Path, dst: Path) -> dict:
 
 def int8_dynamic(src: Path, dst: Path, op_types: Iterable[str] = ("MatMul",)) -> dict:
     from onnxruntime.quantization import QuantType, quantize_dynamic
-    quantize_dynamic(str(src), str(dst), op_types_to_quantize=list(op_types), per_channel=True,
-                     weight_type=QuantType.QInt8, extra_options={"MatMulConstBOnly": True})
+    with _quiet():
+        quantize_dynamic(str(src), str(dst), op_types_to_quantize=list(op_types), per_channel=True,
+                         weight_type=QuantType.QInt8, extra_options={"MatMulConstBOnly": True})
     return {"method": "quantize_dynamic", "op_types": list(op_types), "weights": "int8 per channel"}
 
 
@@ -66,10 +81,11 @@ def int8_static(src: Path, dst: Path, feeds: list[dict[str, np.ndarray]], op_typ
     class Reader(RecordedReader, CalibrationDataReader):
         pass
 
-    quantize_static(str(src), str(dst), Reader(feeds), quant_format=QuantFormat.QDQ,
-                    op_types_to_quantize=list(op_types), per_channel=True, activation_type=QuantType.QInt8,
-                    weight_type=QuantType.QInt8, calibrate_method=CalibrationMethod.MinMax,
-                    extra_options={"MatMulConstBOnly": True, "ActivationSymmetric": True})
+    with _quiet():
+        quantize_static(str(src), str(dst), Reader(feeds), quant_format=QuantFormat.QDQ,
+                        op_types_to_quantize=list(op_types), per_channel=True, activation_type=QuantType.QInt8,
+                        weight_type=QuantType.QInt8, calibrate_method=CalibrationMethod.MinMax,
+                        extra_options={"MatMulConstBOnly": True, "ActivationSymmetric": True})
     return {"method": "quantize_static", "format": "QDQ", "op_types": list(op_types), "calibration": "MinMax",
             "batches": len(feeds)}
 
@@ -83,7 +99,8 @@ def int4(src: Path, dst: Path, block: int = 32, algo: str = "rtn", accuracy_leve
         cfg = DefaultWeightOnlyQuantConfig(block_size=block, is_symmetric=True, accuracy_level=accuracy_level, bits=4)
     q = MatMulNBitsQuantizer(onnx.load(str(src)), bits=4, block_size=block, is_symmetric=True,
                              accuracy_level=accuracy_level, algo_config=cfg)
-    q.process()
+    with _quiet():
+        q.process()
     q.model.save_model_to_file(str(dst), use_external_data_format=False)
     return {"method": "MatMulNBitsQuantizer", "bits": 4, "block_size": block, "algo": algo,
             "accuracy_level": accuracy_level, "op_types": ["MatMul"]}
