@@ -57,13 +57,23 @@ def main(argv: list[str] | None = None) -> int:
                                             limit=a.calib_limit, max_steps=64, progress=_progress_bar(name),
                                             **opts)
         rows.append((name, report))
-    print("Quantization (errors: relative squared error of each stage's output vs FP32 on the calibration texts)")
-    print("| artifact | layers quantized | kept float | size before MiB | size after MiB |")
-    print("|---|---:|---:|---:|---:|")
+    # the plain int4 artifact is scored on the same calibration texts, for the contrast with calibrated int4
+    from toolkit.precision.calibration import collect, relative_error, stage_outputs
+    from toolkit.synthesizer import load_model
+    from toolkit.textsets import load_text_set
+    records = load_text_set(a.calib)[: a.calib_limit]
+    fp32 = load_model(a.model)
+    calib = collect(fp32, [r.text for r in records], [r.speaker for r in records], max_steps=64)
+    ref = stage_outputs(fp32, calib)
+    print("Quantization: relative squared error of each stage's output against FP32 on the calibration texts")
+    print("| artifact | layers quantized | kept float | size before MiB | size after MiB | err GPT | err Decoder | err Vocos |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
     for name, r in rows:
+        got = stage_outputs(load_model(out / name), calib)
+        err = {s: relative_error(got[s], ref[s]) for s in ("gpt", "decoder", "vocos")}
         print(f"| {name} | {len(r.plan.quantize)} | {len(r.plan.keep)} | {r.bytes_before / 2**20:.2f} | "
-              f"{r.bytes_after / 2**20:.2f} |")
-    cfg = EvalConfig(model=a.model, precisions=["bf16", *(str(out / n) for n, _, _ in jobs)], text_set=a.set,
+              f"{r.bytes_after / 2**20:.2f} | {err['gpt']:.2e} | {err['decoder']:.2e} | {err['vocos']:.2e} |")
+    cfg = EvalConfig(model=a.model, precisions=["bf16", *(str(out / n) for n, _, _ in jobs[:2])], text_set=a.set,
                      out=str(out / "report"), device=a.device, repeats=a.repeats, throughput_batches=(1, 4),
                      max_steps=a.max_steps)
     report, utts = run_evaluation(cfg, _progress_bar("evaluate"))
