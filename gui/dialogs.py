@@ -186,7 +186,7 @@ class ExportDialog(_JobDialog):
     def __init__(self, model, device, parent=None):
         super().__init__(model, device, parent)
         self.setWindowTitle("Export to ONNX")
-        for name in ("fp32", "fp16", "int8"):
+        for name in ("fp32", "fp16", "int8", "int4"):
             self.precision.addItem(name)
         self.out.setText(str(Path.cwd() / "exports" / "model-onnx"))
         ok, why = export_available()

@@ -170,6 +170,14 @@ def test_quantize_dialog_writes_artifact(qtbot, win, tiny_dir, tmp_path):
     from gui.dialogs import export_available
     ok, why = export_available()
     assert e.run_button.isEnabled() == ok and (ok or "unavailable" in e.stage.text())
+    if ok:  # the dialog runs the same export as `ttsq export`, and the window then treats it as an ONNX model
+        e.precision.setCurrentText("fp32")
+        e.out.setText(str(tmp_path / "onnx"))
+        with qtbot.waitSignal(e.produced, timeout=WAIT) as sig:
+            e.run_button.click()
+        assert (Path(sig.args[0]) / "onnx_manifest.json").is_file()
+        win.set_model(sig.args[0])
+        assert win.model_kind == "onnx"
 
 
 @pytest.mark.skipif(shutil.which("Xvfb") is None, reason="Xvfb is not installed")
