@@ -20,7 +20,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--model", default=None, help="default: the shipped voice")
     p.add_argument("--device", default="cpu")
     p.add_argument("--calib", default=str(ROOT / "calibration_sets" / "calib.jsonl"))
-    p.add_argument("--calib-limit", type=int, default=12)
+    p.add_argument("--calib-limit", type=int, default=8)
     p.add_argument("--set", default=str(ROOT / "calibration_sets" / "smoke.jsonl"),
                    help="evaluation set; the full one is calibration_sets/eval.jsonl")
     p.add_argument("--repeats", type=int, default=2)
@@ -54,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
     for name, recipe, opts in jobs:
         calib = a.calib if opts.get("awq", True) else None
         path, report = quantize_to_artifact(a.model, recipe, out / name, calib_set=calib, device=a.device,
-                                            limit=a.calib_limit, max_steps=64, progress=_progress_bar(name),
+                                            limit=a.calib_limit, max_steps=48, progress=_progress_bar(name),
                                             **opts)
         rows.append((name, report))
     # the plain int4 artifact is scored on the same calibration texts, for the contrast with calibrated int4
@@ -63,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     from toolkit.textsets import load_text_set
     records = load_text_set(a.calib)[: a.calib_limit]
     fp32 = load_model(a.model)
-    calib = collect(fp32, [r.text for r in records], [r.speaker for r in records], max_steps=64)
+    calib = collect(fp32, [r.text for r in records], [r.speaker for r in records], max_steps=48)
     ref = stage_outputs(fp32, calib)
     print("Quantization: relative squared error of each stage's output against FP32 on the calibration texts")
     print("| artifact | layers quantized | kept float | size before MiB | size after MiB | err GPT | err Decoder | err Vocos |")
@@ -74,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"| {name} | {len(r.plan.quantize)} | {len(r.plan.keep)} | {r.bytes_before / 2**20:.2f} | "
               f"{r.bytes_after / 2**20:.2f} | {err['gpt']:.2e} | {err['decoder']:.2e} | {err['vocos']:.2e} |")
     cfg = EvalConfig(model=a.model, precisions=["bf16", *(str(out / n) for n, _, _ in jobs[:2])], text_set=a.set,
-                     out=str(out / "report"), device=a.device, repeats=a.repeats, throughput_batches=(1, 4),
+                     out=str(out / "report"), device=a.device, repeats=a.repeats, throughput_batches=(4,),
                      max_steps=a.max_steps)
     report, utts = run_evaluation(cfg, _progress_bar("evaluate"))
     write_report(report, utts, out / "report")
