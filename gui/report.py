@@ -16,7 +16,7 @@ RID = "gui-001"  # the one sentence of a GUI comparison
 
 def measure_noise_floor(job, reference_utt, emit=None, should_stop=None) -> dict:
     """FP32 at seed+1 vs FP32 at seed, via evaluation.runner.noise_floor."""
-    from evaluation.runner import PrecisionRun, noise_floor
+    from evaluation.runner import Cepstra, PrecisionRun, noise_floor
     from toolkit.synthesizer import Synthesizer
 
     if emit:
@@ -25,7 +25,7 @@ def measure_noise_floor(job, reference_utt, emit=None, should_stop=None) -> dict
     other = synth.synthesize(job.text, speaker=job.speaker, seed=job.seed + 1, params=job.params,
                              should_stop=should_stop)[0]
     run = PrecisionRun("fp32", synth, 0, {job.seed: {RID: reference_utt}, job.seed + 1: {RID: other}})
-    floor, per = noise_floor(run, (job.seed, job.seed + 1), reference_utt.sample_rate)
+    floor, per = noise_floor(run, (job.seed, job.seed + 1), Cepstra(reference_utt.sample_rate))
     return {"floor": floor, "per": per}
 
 
