@@ -23,7 +23,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--calib-limit", type=int, default=8)
     p.add_argument("--set", default=str(ROOT / "calibration_sets" / "smoke.jsonl"),
                    help="evaluation set; the full one is calibration_sets/eval.jsonl")
-    p.add_argument("--repeats", type=int, default=2)
+    p.add_argument("--repeats", type=int, default=1)
     p.add_argument("--max-steps", type=int, default=500, help="GPT steps per sentence at most (10.7 s of audio)")
     a = p.parse_args(argv)
 
@@ -74,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"| {name} | {len(r.plan.quantize)} | {len(r.plan.keep)} | {r.bytes_before / 2**20:.2f} | "
               f"{r.bytes_after / 2**20:.2f} | {err['gpt']:.2e} | {err['decoder']:.2e} | {err['vocos']:.2e} |")
     cfg = EvalConfig(model=a.model, precisions=["bf16", *(str(out / n) for n, _, _ in jobs[:2])], text_set=a.set,
-                     out=str(out / "report"), device=a.device, repeats=a.repeats, throughput_batches=(4,),
+                     out=str(out / "report"), device=a.device, repeats=a.repeats, throughput_batches=(),
                      max_steps=a.max_steps)
     report, utts = run_evaluation(cfg, _progress_bar("evaluate"))
     write_report(report, utts, out / "report")

@@ -161,18 +161,13 @@ class _EdgeAdapter:
         self.precision = f"onnx {self.edge.precision}"
         self.device = torch.device("cpu") if "CUDA" not in str(self.edge.sessions.providers) else torch.device("cuda")
 
-    @staticmethod
-    def _params(params):
-        from toolkit.runtime import SamplingParams
-        return SamplingParams(**vars(params))
-
     def synthesize(self, text, *, speaker=None, seed=0, params=None, should_stop=None, progress=None):
         if should_stop is not None and should_stop():
             raise InterruptedError("synthesis cancelled")
-        return self.edge.synthesize(text, speaker=speaker, seed=seed, params=self._params(params), progress=progress)
+        return self.edge.synthesize(text, speaker=speaker, seed=seed, params=params, progress=progress)
 
     def stream(self, text, *, speaker=None, seed=0, params=None):
-        return self.edge.stream(text, speaker=speaker, seed=seed, params=self._params(params))
+        return self.edge.stream(text, speaker=speaker, seed=seed, params=params)
 
 
 def _load_onnx(path: str, device: str):

@@ -10,7 +10,7 @@ __all__ = ["DEFAULT_MODEL", "SamplingParams", "Synthesizer", "Utterance", "load_
 
 def __getattr__(name):
     if name == "SamplingParams":
-        from .sampling import SamplingParams
+        from .params import SamplingParams
         return SamplingParams
     if name in ("DEFAULT_MODEL", "Synthesizer", "Utterance", "load_model"):
         from . import synthesizer

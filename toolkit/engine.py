@@ -168,7 +168,7 @@ class Engine:
         s.prompt_len.fill_(T)
         s.min_new.fill_(params.min_new_tokens)
         s.rope_base.copy_(valid.long().sum(1, keepdim=True))
-        s.temperature.copy_(params.temperature_tensor(cfg.num_vq, dev).repeat(B))
+        s.temperature.copy_(torch.tensor(params.temperatures(cfg.num_vq), device=dev).repeat(B))
         s.history.fill_(cfg.num_audio_tokens)
         s.finished.zero_()
         s.lengths.zero_()

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import shutil
 import tempfile
@@ -10,6 +11,11 @@ from pathlib import Path
 
 class OutputExistsError(FileExistsError):
     pass
+
+
+def _raced(out: Path) -> OutputExistsError:
+    return OutputExistsError(f"{out} appeared while this one was being written (another writer?); "
+                             "nothing was replaced. Pass --force to replace it")
 
 
 @contextlib.contextmanager
@@ -27,15 +33,19 @@ def atomic_dir(out: Path, *, force: bool = False):
     try:
         yield tmp
         if out.exists() and not force:  # another writer finished first: keep theirs, report ours
-            raise OutputExistsError(f"{out} appeared while this one was being written (another writer?); "
-                                    "nothing was replaced. Pass --force to replace it")
+            raise _raced(out)
         if out.exists():
             old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=parent))
             os.replace(out, old / out.name)  # keep the previous copy until the new one is in place
             os.replace(tmp, out)
             shutil.rmtree(old, ignore_errors=True)
         else:
-            os.replace(tmp, out)
+            try:
+                os.replace(tmp, out)  # fails if another writer's folder landed in between
+            except OSError as e:
+                if e.errno not in (errno.ENOTEMPTY, errno.EEXIST):
+                    raise
+                raise _raced(out) from e
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

@@ -116,7 +116,7 @@ class Engine:
                                      "text_mask": np.ones((B, T), bool), "speaker": speaker.astype(np.float32),
                                      "spk_mask": spk_mask.astype(bool), "rope_pos": rope, "key_valid": key_valid}, past)
         rope_base = valid.sum(1, keepdims=True).astype(np.int64)
-        temps = np.tile(params.temperatures(Q), B)
+        temps = np.tile(np.asarray(params.temperatures(Q), np.float32), B)
         history = np.full((B * Q, params.penalty_window), V, np.int64)
         finished = np.zeros(B, bool)
         lengths = np.zeros(B, np.int64)

@@ -4,37 +4,9 @@ argmax(p / E) with E ~ Exp(1). The noise comes from numpy's PCG64, so a seed doe
 engine's tokens bit for bit (the distribution is the same)."""
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 
-
-@dataclass
-class SamplingParams:
-    temperature: float | tuple[float, ...] = 0.3
-    top_p: float = 0.7
-    top_k: int = 20
-    repetition_penalty: float = 1.05
-    penalty_window: int = 16
-    min_keep: int = 3
-    max_new_tokens: int = 2048
-    min_new_tokens: int = 0
-
-    def __post_init__(self):
-        temps = self.temperature if isinstance(self.temperature, (tuple, list)) else (self.temperature,)
-        if any(t <= 0 for t in temps):
-            raise ValueError(f"temperature must be > 0, got {self.temperature}")
-        if not 0 < self.top_p <= 1:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
-        if self.top_k < 1 or self.repetition_penalty <= 0 or self.max_new_tokens < 1:
-            raise ValueError("top_k and max_new_tokens must be >= 1 and repetition_penalty > 0")
-
-    def temperatures(self, num_vq: int) -> np.ndarray:
-        t = self.temperature
-        t = list(t) if isinstance(t, (tuple, list)) else [t] * num_vq
-        if len(t) != num_vq:
-            raise ValueError(f"{len(t)} temperatures given for {num_vq} codebooks")
-        return np.asarray(t, np.float32)
+from ..params import SamplingParams  # noqa: F401  (re-exported: the runtime's public settings)
 
 
 def softmax(x: np.ndarray) -> np.ndarray:
