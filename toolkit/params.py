@@ -30,3 +30,12 @@ class SamplingParams:
         if len(t) != num_vq:
             raise ValueError(f"{len(t)} temperatures given for {num_vq} codebooks")
         return [float(x) for x in t]
+
+
+def speaker_seed(speaker):
+    """A speaker given as a seed (7, "7" or "seed:7") -> the int; anything else (a voice name, a vector) unchanged."""
+    if isinstance(speaker, str):
+        s = speaker.removeprefix("seed:")
+        if s.lstrip("-").isdigit():
+            return int(s)
+    return speaker

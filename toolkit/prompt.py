@@ -8,6 +8,7 @@ from torch import Tensor
 
 from .models import TTSModel
 from .models.speaker import apply_speaker, random_speaker
+from .params import speaker_seed
 from .text import prompt_text
 
 
@@ -34,10 +35,7 @@ def resolve_speaker(model: TTSModel, speaker: int | str | Tensor | None) -> Tens
     D = model.cfg.gpt.hidden
     if speaker is None:
         speaker = next(iter(model.voices), 0)
-    if isinstance(speaker, str):
-        s = speaker.removeprefix("seed:")
-        if s.lstrip("-").isdigit():
-            speaker = int(s)
+    speaker = speaker_seed(speaker)
     if isinstance(speaker, int):
         return random_speaker(speaker, model.spk_stat)
     if isinstance(speaker, str):

@@ -9,6 +9,7 @@ from typing import Callable, Iterator, Sequence
 
 import numpy as np
 
+from ..params import speaker_seed
 from ..text import TextError, normalize, prompt_text, split_sentences
 from .dsp import istft, torch_randn
 from .engine import Engine, Sessions, read_manifest
@@ -81,10 +82,7 @@ class EdgeSynthesizer:
         D = self.cfg["gpt"]["hidden"]
         if speaker is None:
             speaker = next(iter(self.voices), 0)
-        if isinstance(speaker, str):
-            s = speaker.removeprefix("seed:")
-            if s.lstrip("-").isdigit():
-                speaker = int(s)
+        speaker = speaker_seed(speaker)
         if isinstance(speaker, (int, np.integer)):
             std, mean = self.spk_stat
             z = torch_randn(int(speaker), D) if D % 16 == 0 else np.random.default_rng(int(speaker)).standard_normal(D)
