@@ -22,7 +22,6 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from toolkit.engine import Engine  # noqa: E402
 from toolkit.models import ModelConfig, TTSModel  # noqa: E402
-from toolkit.models.config import GFSQConfig, ConvStackConfig  # noqa: E402
 from toolkit.precision import quantize, state_bytes  # noqa: E402
 from toolkit.precision.calibration import relative_error  # noqa: E402
 from toolkit.sampling import SamplingParams  # noqa: E402
@@ -156,7 +155,7 @@ def main():
         pass
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
     Path(a.out).write_text(json.dumps(report, indent=2) + "\n")
-    print(f"\n| precision | weights MiB | steps/s b1 graph | steps/s b1 eager | RTF 10 s | audio s/s b8 | audio s/s b64 | "
+    print("\n| precision | weights MiB | steps/s b1 graph | steps/s b1 eager | RTF 10 s | audio s/s b8 | audio s/s b64 | "
           "peak MiB b1 | err gpt | err decoder | err vocos |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for n, r in results.items():

@@ -8,7 +8,6 @@ import io
 import json
 from pathlib import Path
 
-import numpy as np
 
 
 def _fmt(stat: dict | None, spec: str = ".2f") -> str:

@@ -215,7 +215,6 @@ def test_cli_synth_info_and_errors(tiny_dir, tmp_path):
 
 
 def test_streaming_equals_whole_decode_without_redecoding(tiny_synth, monkeypatch):
-    from toolkit.streaming import StreamRenderer
     p = SamplingParams(max_new_tokens=150)
     text = "streaming should match the whole decode."
     full = tiny_synth.synthesize(text, seed=4, params=p)[0]

@@ -5,7 +5,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
 
 from toolkit import SamplingParams, load_model
 from toolkit.checkpoint import save_ttsq

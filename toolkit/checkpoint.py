@@ -266,7 +266,8 @@ def verify_files(root: Path, manifest: dict) -> None:
 
 
 def split_state(model: TTSModel) -> dict[str, Tensor]:
-    state = {k: v for k, v in model.state_dict().items()}
+    """The state dict plus the named voices (as voice.NAME), which are not module state."""
+    state = dict(model.state_dict())
     for name, vec in model.voices.items():
         state[f"voice.{name}"] = vec
     return state

@@ -119,7 +119,7 @@ def cmd_quantize(a) -> int:
                                        force=a.force, progress=_progress_bar("quantize"))
     plan = report.plan
     print(f"wrote {out}")
-    print(f"| precision | quantized layers | kept float (sensitive) | skipped (shape) | size before | size after | "
+    print("| precision | quantized layers | kept float (sensitive) | skipped (shape) | size before | size after | "
           + " | ".join(f"err {s}" for s in report.errors) + " |")
     print("|---" * (6 + len(report.errors)) + "|")
     print(f"| {a.precision} | {len(plan.quantize)} | {len(plan.keep)} | {len(plan.skipped)} | "

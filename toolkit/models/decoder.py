@@ -2,8 +2,6 @@
 the DVAE decoder (4-codebook codes -> GFSQ features -> mel). Both emit 2 mel frames per GPT step."""
 from __future__ import annotations
 
-import math
-
 import torch
 from torch import Tensor, nn
 
@@ -79,7 +77,3 @@ class DVAEDecoder(nn.Module):
     def forward(self, codes: Tensor) -> Tensor:
         """codes (B, Q, T) -> mel (B, n_mels, 2T)"""
         return self.stack(self.gfsq(codes))
-
-
-def n_codes(cfg: GFSQConfig) -> int:
-    return math.prod(cfg.levels)

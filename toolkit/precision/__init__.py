@@ -83,8 +83,9 @@ def quantize(model: TTSModel, precision: str, *, device: torch.device | str | No
         from torchao.quantization import quantize_
         chosen = set(plan.quantize)
         configs: dict[int, object] = {}
+        mods = dict(model.named_modules())
         for n in plan.quantize:  # one config per input width (int4 configs do not depend on it, but stay safe)
-            k = dict(model.named_modules())[n].in_features
+            k = mods[n].in_features
             configs.setdefault(k, torchao_config(recipe, device, k))
         for k, cfg in configs.items():
             quantize_(model, cfg, filter_fn=lambda m, fqn, k=k: fqn in chosen and m.in_features == k)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import torch
 
-from ..checkpoint import CheckpointError, load_strict, read_manifest, verify_files, write_manifest
+from ..checkpoint import CheckpointError, load_strict, read_manifest, split_state, verify_files, write_manifest
 from ..fileio import atomic_dir
 from ..models import ModelConfig, TTSModel, Tokenizer
 from .recipes import RECIPES
@@ -24,9 +24,7 @@ def save_artifact(model: TTSModel, out: str | Path, *, force: bool = False, cali
         raise ValueError("the model was not quantized with toolkit.precision.quantize")
     out = Path(out)
     with atomic_dir(out, force=force) as tmp:
-        state = dict(model.state_dict())
-        state.update({f"voice.{k}": v.cpu() for k, v in model.voices.items()})
-        torch.save(state, tmp / "model.pt")
+        torch.save(split_state(model), tmp / "model.pt")
         shutil.copyfile(model.tokenizer.path, tmp / "tokenizer.json")
         plan = report.plan
         layers = {**{n: report.precision for n in plan.quantize}, **{n: "float (sensitive)" for n in plan.keep},

@@ -14,7 +14,7 @@ from ..engine import Engine
 from ..models import TTSModel
 from ..prompt import encode_prompts, resolve_speaker
 from ..sampling import SamplingParams
-from .recipes import Recipe, quantizable_linears, stage_of
+from .recipes import Recipe, stage_of
 
 MAX_ROWS = 2048  # activation rows kept per layer for the scale search
 

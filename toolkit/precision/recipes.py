@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -99,7 +99,3 @@ def torchao_config(recipe: Recipe, device: torch.device, in_features: int):
         from torchao.prototype.quantization.int4 import PrototypeInt4WeightOnlyConfig
         return PrototypeInt4WeightOnlyConfig(group_size=recipe.group_size, int4_choose_qparams_algorithm=algo)
     raise UnsupportedRecipe(f"{recipe.name} is not a torchao recipe")
-
-
-def with_group_size(recipe: Recipe, group_size: int) -> Recipe:
-    return replace(recipe, group_size=group_size)

@@ -353,7 +353,6 @@ class GuidedAttention:
 
 
 def build_batch(gpt: GPT, spk_table: nn.Parameter, data: Data, codes: list[Tensor], idx, spk_id: int, device):
-    D = gpt.cfg.hidden
     Q, eos = gpt.cfg.num_vq, gpt.cfg.eos_code
     T = torch.tensor([len(data.prompt(i)) for i in idx])
     N = torch.tensor([len(codes[i]) for i in idx])
@@ -598,7 +597,6 @@ def main(argv=None):
     t0 = time.time()
     from .corpus import load_pack
     data = Data(load_pack(args.data), device)
-    from ..models.tokenizer import Tokenizer
     spk_id = json.loads((Path(args.data) / "tokenizer.json").read_text())
     spk_id = next(t["id"] for t in spk_id["added_tokens"] if t["content"] == "[spk_emb]")
     vocab = len(json.loads((Path(args.data) / "tokenizer.json").read_text())["model"]["vocab"]) + \
