@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import contextlib
-import errno
 import os
 import shutil
 import tempfile
@@ -32,23 +31,34 @@ def atomic_dir(out: Path, *, force: bool = False):
         raise PermissionError(f"cannot write to {parent}: {e.strerror}. Choose a writable --out") from e
     try:
         yield tmp
-        if out.exists() and not force:  # another writer finished first: keep theirs, report ours
-            raise _raced(out)
-        if out.exists():
-            old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=parent))
-            os.replace(out, old / out.name)  # keep the previous copy until the new one is in place
-            os.replace(tmp, out)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            try:
-                os.replace(tmp, out)  # fails if another writer's folder landed in between
-            except OSError as e:
-                if e.errno not in (errno.ENOTEMPTY, errno.EEXIST):
-                    raise
-                raise _raced(out) from e
+        with _commit_lock(out):
+            if out.exists() and not force:  # another writer finished first: keep theirs, report ours
+                raise _raced(out)
+            if out.exists():
+                old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=parent))
+                os.replace(out, old / out.name)  # keep the previous copy until the new one is in place
+                os.replace(tmp, out)
+                shutil.rmtree(old, ignore_errors=True)
+            else:
+                os.replace(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+
+
+@contextlib.contextmanager
+def _commit_lock(out: Path):
+    """Serialise the check-and-rename of concurrent writers; mkdir is atomic on every filesystem."""
+    lock = out.parent / f".{out.name}.lock"
+    try:
+        os.mkdir(lock)
+    except FileExistsError:
+        raise OutputExistsError(f"another writer is saving {out} right now; nothing was replaced. "
+                                f"If no ttsq process is running, remove the stale {lock}") from None
+    try:
+        yield
+    finally:
+        os.rmdir(lock)
 
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:
