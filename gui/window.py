@@ -115,6 +115,8 @@ class MainWindow(QMainWindow):
         self.max_steps.setRange(1, 4096)
         self.dnsmos = QCheckBox("DNSMOS (first use loads its models)")
         self.ttfa = QCheckBox("time to first audio (streams once more)")
+        self.control_tokens = QCheckBox("read [laugh], [uv_break], ... as controls")
+        self.control_tokens.setToolTip("ChatTTS control tokens in the text; unticked, they are read as plain text")
         samp_box = QGroupBox("Speaker and sampling")
         f = QFormLayout(samp_box)
         f.addRow("Speaker", self.speaker)
@@ -125,6 +127,7 @@ class MainWindow(QMainWindow):
         f.addRow("Max steps", self.max_steps)
         f.addRow(self.dnsmos)
         f.addRow(self.ttfa)
+        f.addRow(self.control_tokens)
 
         left = QWidget()
         lv = QVBoxLayout(left)
@@ -283,6 +286,9 @@ class MainWindow(QMainWindow):
         self.model_info.setText(desc)
         self.model_info.setStyleSheet("color: #b00020" if kind in ("missing", "invalid") else "")
         fixed = kind in ("artifact", "onnx")
+        if self.busy() and self.job is not None and self.job.model != self.model_path():
+            self.statusBar().showMessage(f"the running synthesis finishes with {self.job.model or SHIPPED}; "
+                                         "the new model is used from the next run", 15000)
         self.precision_list.setEnabled(not fixed)
         self.precision_note.setText("This model already has its precision: it runs as is (add its source model's "
                                     "fp32 run first to get MCD against FP32)." if fixed else "")
@@ -320,9 +326,12 @@ class MainWindow(QMainWindow):
         self.play_button.setText("Stop" if self.player.playing else "Play")
 
     def _pick_sample(self, index: int) -> None:
+        from toolkit.text import USER_CONTROL
         text = self.samples.itemData(index)
         if text:
             self.text.setPlainText(text)
+            if USER_CONTROL.search(text):  # the calibration sets write these as controls
+                self.control_tokens.setChecked(True)
 
     def browse_model(self) -> None:
         path = QFileDialog.getExistingDirectory(self, "Model folder (ttsq, artifact, ChatTTS or ONNX)",
@@ -344,9 +353,10 @@ class MainWindow(QMainWindow):
         speaker = self.speaker.currentText().strip() or None
         text = self.text.toPlainText().strip()
         key = (self.model_path() if self.model_kind not in ("artifact", "onnx") else "any", text, speaker,
-               self.seed.value(), astuple(params), self.device())
+               self.seed.value(), astuple(params), self.device(), self.control_tokens.isChecked())
         return workers.SynthJob(self.model_path(), self.device(), self.checked_precisions(), text, speaker,
-                                self.seed.value(), params, self.dnsmos.isChecked(), self.ttfa.isChecked(), key=key)
+                                self.seed.value(), params, self.dnsmos.isChecked(), self.ttfa.isChecked(),
+                                self.control_tokens.isChecked(), key=key)
 
     def synthesize(self) -> None:
         if self.busy():
@@ -606,6 +616,7 @@ class MainWindow(QMainWindow):
         self.max_steps.setValue(int(s.value("max_steps", 2048)))
         self.dnsmos.setChecked(s.value("dnsmos", "true") in (True, "true"))
         self.ttfa.setChecked(s.value("ttfa", "true") in (True, "true"))
+        self.control_tokens.setChecked(s.value("control_tokens", "false") in (True, "true"))
         if s.value("geometry") is not None:
             self.restoreGeometry(s.value("geometry"))
         else:
@@ -627,6 +638,7 @@ class MainWindow(QMainWindow):
             s.setValue(name, getattr(self, name).value())
         s.setValue("dnsmos", self.dnsmos.isChecked())
         s.setValue("ttfa", self.ttfa.isChecked())
+        s.setValue("control_tokens", self.control_tokens.isChecked())
         s.setValue("geometry", self.saveGeometry())
         s.setValue("split_main", self.main.saveState())
         s.setValue("split_right", self.right.saveState())

@@ -119,6 +119,7 @@ class SynthJob:
     params: object = None  # toolkit.SamplingParams
     dnsmos: bool = True
     time_to_first_audio: bool = True
+    control_tokens: bool = False  # read [laugh], [uv_break], ... as controls, not as text
     reference: object = None  # an FP32 Utterance of the same sentence, from an earlier run
     key: tuple = field(default_factory=tuple)
 
@@ -161,13 +162,13 @@ class _EdgeAdapter:
         self.precision = f"onnx {self.edge.precision}"
         self.device = torch.device("cpu") if "CUDA" not in str(self.edge.sessions.providers) else torch.device("cuda")
 
-    def synthesize(self, text, *, speaker=None, seed=0, params=None, should_stop=None, progress=None):
+    def synthesize(self, text, *, should_stop=None, **kwargs):
         if should_stop is not None and should_stop():
             raise InterruptedError("synthesis cancelled")
-        return self.edge.synthesize(text, speaker=speaker, seed=seed, params=params, progress=progress)
+        return self.edge.synthesize(text, **kwargs)
 
-    def stream(self, text, *, speaker=None, seed=0, params=None):
-        return self.edge.stream(text, speaker=speaker, seed=seed, params=params)
+    def stream(self, text, **kwargs):
+        return self.edge.stream(text, **kwargs)
 
 
 def _load_onnx(path: str, device: str):
@@ -199,6 +200,7 @@ def synthesize_precisions(job: SynthJob, emit, should_stop) -> list[dict]:
     def step(i: int, phase: int, label: str, frac: float = 0.0):
         emit("progress", ((i * phases + phase + frac) / total, label))
 
+    same = dict(speaker=job.speaker, seed=job.seed, control_tokens=job.control_tokens)  # every call, every precision
     base = None
     reference = job.reference
     results = []
@@ -219,7 +221,7 @@ def synthesize_precisions(job: SynthJob, emit, should_stop) -> list[dict]:
             size = state_bytes(synth.model)
         dev = synth.device
         step(i, 1, f"{name}: warm-up")
-        synth.synthesize(job.text, speaker=job.speaker, seed=job.seed,
+        synth.synthesize(job.text, **same,
                          params=replace(job.params, max_new_tokens=min(8, job.params.max_new_tokens),
                                         min_new_tokens=0), should_stop=should_stop)
         if dev.type == "cuda":
@@ -227,8 +229,7 @@ def synthesize_precisions(job: SynthJob, emit, should_stop) -> list[dict]:
             torch.cuda.reset_peak_memory_stats(dev)
         step(i, 2, f"{name}: synthesizing")
         t0 = time.perf_counter()
-        utt = synth.synthesize(job.text, speaker=job.speaker, seed=job.seed, params=job.params,
-                               should_stop=should_stop,
+        utt = synth.synthesize(job.text, **same, params=job.params, should_stop=should_stop,
                                progress=lambda d, n: step(i, 2, f"{name}: sentence {d}/{n}", d / max(n, 1)))[0]
         latency = time.perf_counter() - t0
         peak = torch.cuda.max_memory_allocated(dev) if dev.type == "cuda" else None
@@ -236,7 +237,7 @@ def synthesize_precisions(job: SynthJob, emit, should_stop) -> list[dict]:
         if job.time_to_first_audio and not should_stop():
             step(i, 3, f"{name}: time to first audio")
             t0 = time.perf_counter()
-            pieces = synth.stream(job.text, speaker=job.speaker, seed=job.seed, params=job.params)
+            pieces = synth.stream(job.text, **same, params=job.params)
             for _ in pieces:
                 if dev.type == "cuda":
                     torch.cuda.synchronize(dev)

@@ -13,7 +13,7 @@ import torch
 
 from toolkit import SamplingParams, Synthesizer, load_model
 from toolkit.checkpoint import CheckpointError, load_official, save_ttsq
-from toolkit.text import TextError, normalize, split_sentences
+from toolkit.text import TextError, normalize, prompt_text, split_sentences
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURE = ROOT / "tests" / "fixtures" / "chattts_tiny"
@@ -34,14 +34,26 @@ def test_text_normalization_and_splitting():
     with pytest.raises(TextError, match="empty"):
         normalize("   \n\t ")
     with pytest.raises(TextError, match="empty"):
-        normalize("[laugh] [uv_break]")
-    assert normalize("a [Stts] b") == "a b"  # structural tokens are never the user's
+        normalize("[laugh] [uv_break]", control_tokens=True)
     long = "This is one sentence. " * 40
     pieces = split_sentences(normalize(long), max_chars=120)
     assert all(len(p) <= 120 for p in pieces)
     assert "".join(pieces).replace(" ", "") == long.replace(" ", "")  # nothing dropped
     cjk = "我们" * 200
     assert "".join(split_sentences(cjk, 50)) == cjk
+
+
+def test_control_tokens_are_text_unless_asked(tiny_synth):
+    assert normalize("ha [laugh] ok") == "ha [ laugh ] ok"
+    assert normalize("ha [laugh] ok", control_tokens=True) == "ha [laugh] ok"
+    assert normalize("a [Stts] b", control_tokens=True) == "a [ Stts ] b"  # structural tokens: never the user's
+    assert normalize(normalize("x [uv_break] y")) == normalize("x [uv_break] y")
+    tok = tiny_synth.model.tokenizer
+    laugh = tok.token_id("[laugh]")
+    as_text, _ = tok.encode([prompt_text(normalize("ha [laugh]"), tok.has)])
+    as_control, _ = tok.encode([prompt_text(normalize("ha [laugh]", control_tokens=True), tok.has)])
+    assert laugh not in as_text[0].tolist() and laugh in as_control[0].tolist()
+    assert tok.token_id("[Stts]") in as_text[0].tolist()  # the prompt's own tokens are still placed
 
 
 # --- loading -----------------------------------------------------------------------------------

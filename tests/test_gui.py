@@ -130,6 +130,41 @@ def test_close_during_synthesis(qtbot, win):
     _wait_idle(qtbot, win)  # the worker stops at its next step; the window then closes for real
 
 
+def test_switching_model_during_synthesis(qtbot, win, tiny_dir, tmp_path):
+    other = tmp_path / "other-model"
+    shutil.copytree(tiny_dir, other)
+    win.text.setPlainText("hello world. " * 6)
+    win.max_steps.setValue(64)
+    win.set_precisions(["fp32", "int8"])
+    win.synthesize()
+    qtbot.waitUntil(lambda: "synthesizing" in win.progress_label.text() or "sentence" in win.progress_label.text(),
+                    timeout=WAIT)
+    win.set_model(str(other))  # mid-run: the running job keeps its model, the next run takes the new one
+    assert "next run" in win.statusBar().currentMessage()
+    _wait_idle(qtbot, win)
+    assert win.error_box is None, win.error_box.text()
+    assert set(win.results) == {"fp32", "int8"}
+    assert {r["model"] for r in win.results.values()} == {str(tiny_dir)}
+    win.text.setPlainText("hello world.")
+    win.max_steps.setValue(12)
+    win.synthesize()
+    _wait_idle(qtbot, win)
+    assert win.error_box is None, win.error_box.text()
+    assert {r["model"] for r in win.results.values()} == {str(other)}  # a new comparison, not a mix of models
+
+
+def test_control_tokens_follow_the_checkbox(qtbot, win):
+    from toolkit.text import USER_CONTROL
+    assert not win.control_tokens.isChecked() and not win.make_job().control_tokens  # text, unless asked
+    index = next(i for i in range(1, win.samples.count()) if USER_CONTROL.search(win.samples.itemData(i)))
+    win._pick_sample(index)  # a calibration sentence that writes [laugh]/[uv_break] as controls
+    assert win.control_tokens.isChecked() and win.make_job().control_tokens
+    win.synthesize()
+    _wait_idle(qtbot, win)
+    assert win.error_box is None, win.error_box.text()
+    assert "fp32" in win.results
+
+
 def test_bad_model_path_shows_dialog(qtbot, win):
     win.set_model("/no/such/model")
     assert "not found" in win.model_info.text()

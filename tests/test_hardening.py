@@ -82,3 +82,35 @@ def test_out_of_range_token_ids_are_reported(tiny_dir):
     s.model.gpt.cfg.num_text_tokens = 5  # as if the tokenizer belonged to another model
     with pytest.raises(ValueError, match="wrong tokenizer"):
         s.synthesize("hello")
+
+
+def test_out_of_memory_is_named_and_the_next_request_is_served(tiny_dir, monkeypatch):
+    """A real allocator failure (a KV cache far beyond this machine's memory) -> OutOfMemory with the fix,
+    then the same synthesizer serves the next request exactly as a fresh one would."""
+    from toolkit import OutOfMemory, Synthesizer
+    from toolkit.models.gpt import GPT
+    s = Synthesizer(tiny_dir, "cpu")
+    params = SamplingParams(max_new_tokens=20)
+    expected = Synthesizer(tiny_dir, "cpu").synthesize("hello there.", seed=3, params=params)[0].wav
+    real = GPT.setup_caches
+    monkeypatch.setattr(GPT, "setup_caches", lambda self, batch, length, *a, **k: real(self, batch * 10**9, length, *a, **k))
+    with pytest.raises(OutOfMemory, match="smaller batch_size"):
+        s.synthesize(["a big batch."] * 4, params=params)
+    with pytest.raises(OutOfMemory, match="serves the next request"):
+        next(iter(s.stream("streamed too.", params=params)))
+    monkeypatch.setattr(GPT, "setup_caches", real)
+    np.testing.assert_array_equal(s.synthesize("hello there.", seed=3, params=params)[0].wav, expected)
+
+
+def test_cli_reports_out_of_memory_without_traceback(tiny_dir, tmp_path, monkeypatch, capsys):
+    from toolkit import cli
+    from toolkit.models.gpt import GPT
+
+    def no_memory(*a, **k):
+        raise RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried to allocate 1 TB")
+
+    monkeypatch.setattr(GPT, "setup_caches", no_memory)
+    assert cli.main(["synth", "hello.", "-o", str(tmp_path / "x.wav"), "--model", str(tiny_dir), "--device", "cpu"]) != 0
+    err = capsys.readouterr().err
+    assert "ran out of memory" in err and "Traceback" not in err
+    assert not (tmp_path / "x.wav").exists()

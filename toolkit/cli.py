@@ -41,7 +41,7 @@ def cmd_synth(a) -> int:
     synth = Synthesizer(a.model, a.device, a.precision)
     params = SamplingParams(temperature=a.temperature, top_p=a.top_p, top_k=a.top_k, max_new_tokens=a.max_steps)
     utt = synth.synthesize(text, speaker=a.speaker, seed=a.seed, params=params, batch_size=a.batch_size,
-                           progress=_progress_bar("sentences"))[0]
+                           control_tokens=a.control_tokens, progress=_progress_bar("sentences"))[0]
     write_wav(out, utt.wav, utt.sample_rate, force=a.force)
     t = utt.timings
     print(f"wrote {out}: {utt.duration:.2f} s at {utt.sample_rate} Hz, {utt.steps} steps, "
@@ -59,7 +59,8 @@ def _synth_onnx(a, text: str, out: Path) -> int:
     if synth.provider_note:
         print(synth.provider_note, file=sys.stderr)
     params = SamplingParams(temperature=a.temperature, top_p=a.top_p, top_k=a.top_k, max_new_tokens=a.max_steps)
-    utt = synth.synthesize(text, speaker=a.speaker, seed=a.seed, params=params, batch_size=a.batch_size)[0]
+    utt = synth.synthesize(text, speaker=a.speaker, seed=a.seed, params=params, batch_size=a.batch_size,
+                           control_tokens=a.control_tokens)[0]
     write_wav(out, utt.wav, utt.sample_rate)
     t = utt.timings
     print(f"wrote {out}: {utt.duration:.2f} s at {utt.sample_rate} Hz, {utt.steps} steps, "
@@ -162,6 +163,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--top-k", type=int, default=20)
     s.add_argument("--max-steps", type=int, default=2048, help="GPT steps per sentence at most")
     s.add_argument("--batch-size", type=int, default=8, help="sentences per batch")
+    s.add_argument("--control-tokens", action="store_true",
+                   help="read [laugh], [uv_break], [speed_N], ... in the text as ChatTTS controls (default: as text)")
     s.add_argument("--force", action="store_true", help="overwrite an existing output file")
     s.set_defaults(func=cmd_synth)
 

@@ -62,6 +62,14 @@ class Engine:
         self._graphs: dict[tuple, tuple[torch.cuda.CUDAGraph, DecodeState]] = {}
         self._states: dict[tuple, DecodeState] = {}
 
+    def release(self) -> None:
+        """Drop the KV cache, step buffers and graphs (after an out-of-memory error); the next call reallocates."""
+        self._graphs.clear()
+        self._states.clear()
+        for layer in self.gpt.layers:
+            layer.attention.kv_cache = None
+        self.gpt.key_valid = None
+
     def _ensure_cache(self, batch: int, length: int) -> bool:
         """Make the cache hold `length` positions for `batch` rows (in buckets of CACHE_BUCKET), zeroed.
         -> whether it was reallocated."""

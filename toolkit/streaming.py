@@ -17,7 +17,7 @@ from torch import Tensor
 from .models import TTSModel
 from .prompt import encode_prompts
 from .sampling import SamplingParams
-from .text import normalize, split_sentences
+from .text import sentence_pieces
 
 
 class StreamRenderer:
@@ -73,18 +73,19 @@ class StreamRenderer:
 
 
 def stream_text(synth, text: str, *, speaker=None, seed: int = 0, params: SamplingParams | None = None,
-                max_chars: int = 120) -> Iterator[np.ndarray]:
+                max_chars: int = 120, control_tokens: bool = False) -> Iterator[np.ndarray]:
     """Yields float32 24 kHz audio pieces as the GPT produces states; sentence by sentence."""
     params = params or SamplingParams()
     spk = synth.speaker_vector(speaker)
-    for i, sentence in enumerate(split_sentences(normalize(text), max_chars)):
-        emb, valid = encode_prompts(synth.model, [sentence], spk)
-        renderer = StreamRenderer(synth.model)
-        for chunk in synth.engine.stream(emb, valid, params, seed=seed + i):
-            n = max(0, min(chunk.hidden.shape[1], int(chunk.lengths[0]) - chunk.start))
-            piece = renderer.push(chunk.hidden[0, :n])
-            if piece.size:
-                yield piece
-        tail = renderer.finish()
-        if tail.size:
-            yield tail
+    for i, (_, sentence) in enumerate(sentence_pieces([text], max_chars, control_tokens)):
+        with synth.memory_guard(1):
+            emb, valid = encode_prompts(synth.model, [sentence], spk)
+            renderer = StreamRenderer(synth.model)
+            for chunk in synth.engine.stream(emb, valid, params, seed=seed + i):
+                n = max(0, min(chunk.hidden.shape[1], int(chunk.lengths[0]) - chunk.start))
+                piece = renderer.push(chunk.hidden[0, :n])
+                if piece.size:
+                    yield piece
+            tail = renderer.finish()
+            if tail.size:
+                yield tail

@@ -1,6 +1,7 @@
 """The one library API: model path + device + precision -> `synthesize(texts)` -> 24 kHz waveforms."""
 from __future__ import annotations
 
+import contextlib
 import copy
 import time
 import warnings
@@ -17,13 +18,21 @@ from .engine import Engine
 from .models import TTSModel
 from .prompt import encode_prompts, resolve_speaker
 from .sampling import SamplingParams
-from .text import TextError, normalize, split_sentences
+from .text import TextError, sentence_pieces
 
 DEFAULT_MODEL = Path(__file__).parent / "assets" / "voice"
 
 
 class NumericalError(RuntimeError):
     pass
+
+
+class OutOfMemory(RuntimeError):
+    """The device ran out of memory; the synthesizer has released its buffers and serves the next request."""
+
+
+def _is_out_of_memory(e: BaseException) -> bool:
+    return isinstance(e, torch.OutOfMemoryError) or (isinstance(e, RuntimeError) and "can't allocate memory" in str(e))
 
 
 @dataclass
@@ -115,6 +124,25 @@ class Synthesizer:
             self._fp32[stage] = copy.deepcopy(module).float()
         return self._fp32[stage]
 
+    @contextlib.contextmanager
+    def memory_guard(self, batch: int):
+        """Turns an allocation failure into OutOfMemory after freeing what the failed request held."""
+        try:
+            yield
+        except (torch.OutOfMemoryError, RuntimeError) as e:
+            if not _is_out_of_memory(e):
+                raise
+            self.engine.release()
+            free = ""
+            if self.device.type == "cuda":
+                torch.cuda.empty_cache()
+                have, total = torch.cuda.mem_get_info(self.device)
+                free = f"; {have / 2**30:.1f} of {total / 2**30:.1f} GiB free now"
+            raise OutOfMemory(f"{self.device} ran out of memory on a batch of {batch} sentence(s){free}. Pass a "
+                              "smaller batch_size (--batch-size), shorter texts or max_new_tokens, or a smaller "
+                              "precision (int8, int4); this synthesizer has released its buffers and serves the "
+                              "next request") from None
+
     def _generate(self, emb: Tensor, valid: Tensor, params: SamplingParams, seed: int, should_stop):
         gen = self.engine.generate(emb, valid, params, seed=seed, should_stop=should_stop)
         steps = torch.arange(gen.hidden.shape[1], device=self.device)[None] < gen.lengths[:, None]
@@ -158,19 +186,14 @@ class Synthesizer:
             out.append(wav.cpu().numpy().astype(np.float32))
         return out, timing
 
-    def _batches(self, texts, max_chars):
-        pieces = []  # (text index, piece)
-        for i, t in enumerate(texts):
-            pieces += [(i, p) for p in split_sentences(normalize(t), max_chars)]
-        return pieces
-
     @torch.inference_mode()
     def synthesize(self, texts: str | Sequence[str], *, speaker=None, seed: int = 0,
                    params: SamplingParams | None = None, batch_size: int = 8, max_chars: int = 120,
-                   progress: Callable[[int, int], None] | None = None,
+                   control_tokens: bool = False, progress: Callable[[int, int], None] | None = None,
                    should_stop: Callable[[], bool] | None = None) -> list[Utterance]:
         """Each text is split into sentences, sentences are batched with padding, and the audio of each
-        text is returned whole. `progress(done, total)` is called per batch of sentences."""
+        text is returned whole. `progress(done, total)` is called per batch of sentences. `[laugh]`-style
+        tokens in the text are read as text unless control_tokens."""
         if isinstance(texts, str):
             texts = [texts]
         if not texts:
@@ -179,7 +202,7 @@ class Synthesizer:
             raise ValueError("batch_size must be >= 1")
         params = params or SamplingParams()
         spk = self.speaker_vector(speaker)
-        pieces = self._batches(texts, max_chars)
+        pieces = sentence_pieces(texts, max_chars, control_tokens)
         order = sorted(range(len(pieces)), key=lambda k: len(pieces[k][1]))  # similar lengths pad less
         wavs: dict[int, np.ndarray] = {}
         segs: dict[int, Segment] = {}
@@ -190,11 +213,12 @@ class Synthesizer:
         for b in range(0, len(order), batch_size):
             idx = order[b: b + batch_size]
             t0 = time.perf_counter()
-            emb, valid = encode_prompts(self.model, [pieces[k][1] for k in idx], spk)
-            gen = self._generate(emb, valid, params, seed + b, should_stop)
-            _sync(self.device)
-            timing["gpt"] += time.perf_counter() - t0
-            out, t = self.decode(gen.hidden, gen.lengths)
+            with self.memory_guard(len(idx)):
+                emb, valid = encode_prompts(self.model, [pieces[k][1] for k in idx], spk)
+                gen = self._generate(emb, valid, params, seed + b, should_stop)
+                _sync(self.device)
+                timing["gpt"] += time.perf_counter() - t0
+                out, t = self.decode(gen.hidden, gen.lengths)
             for key in t:
                 timing[key] += t[key]
             for j, k in enumerate(idx):

@@ -17,11 +17,19 @@ class TextError(ValueError):
     pass
 
 
-def normalize(text: str) -> str:
+def _as_text(m: re.Match) -> str:
+    return f"[ {m.group(0)[1:-1]} ]"  # spaced, the tokenizer no longer matches the control token: plain text
+
+
+def normalize(text: str, control_tokens: bool = False) -> str:
+    """NFKC, no control characters, single spaces. `[laugh]`-style tokens are read as plain text unless
+    control_tokens; structural tokens ([Stts], [spk_emb], ...) always are."""
     if not isinstance(text, str):
         raise TextError(f"text must be a string, got {type(text).__name__}")
     text = unicodedata.normalize("NFKC", text)
-    text = STRUCTURAL.sub(" ", text)
+    text = STRUCTURAL.sub(_as_text, text)
+    if not control_tokens:
+        text = USER_CONTROL.sub(_as_text, text)
     text = "".join(c if unicodedata.category(c)[0] != "C" or c == "\n" else " " for c in text)
     text = re.sub(r"[ \t\r\f\v]+", " ", text).strip()
     if not USER_CONTROL.sub("", text).strip(" \n"):
@@ -42,8 +50,9 @@ def split_sentences(text: str, max_chars: int = MAX_CHARS) -> list[str]:
                 if current:
                     pieces.append(current)
                     current = ""
-                pieces.append(part[:max_chars])
-                part = part[max_chars:]
+                cut = _cut_at(part, max_chars)
+                pieces.append(part[:cut])
+                part = part[cut:]
             sep = "" if not current or _is_cjk(current[-1]) or _is_cjk(part[0]) else " "
             if len(current) + len(sep) + len(part) > max_chars:
                 pieces.append(current)
@@ -52,14 +61,44 @@ def split_sentences(text: str, max_chars: int = MAX_CHARS) -> list[str]:
                 current = current + sep + part
         if current:
             pieces.append(current)
-    # merge fragments so short pieces don't each pay the prompt overhead
+    # merge fragments so short pieces don't each pay the prompt overhead; a piece of control tokens alone
+    # ("[laugh]") joins its neighbour rather than being dropped
     merged: list[str] = []
     for p in pieces:
-        if merged and len(merged[-1]) + 1 + len(p) <= max_chars // 2:
+        if merged and (_speechless(p) or _speechless(merged[-1]) or len(merged[-1]) + 1 + len(p) <= max_chars // 2):
             merged[-1] = merged[-1] + " " + p
         else:
             merged.append(p)
-    return [p for p in merged if USER_CONTROL.sub("", p).strip()]
+    return [p for p in merged if not _speechless(p)]
+
+
+def _speechless(piece: str) -> bool:
+    return not USER_CONTROL.sub("", piece).strip()
+
+
+def _cut_at(part: str, max_chars: int) -> int:
+    """A hard cut at max_chars, moved off any control token it would split."""
+    for m in USER_CONTROL.finditer(part):
+        if m.start() < max_chars < m.end():
+            return m.start() or m.end()
+    return max_chars
+
+
+def sentence_pieces(texts, max_chars: int = MAX_CHARS, control_tokens: bool = False) -> list[tuple[int, str]]:
+    """(text index, sentence) for every sentence of every text, in order: the unit both engines synthesize."""
+    return [(i, p) for i, t in enumerate(texts) for p in split_sentences(normalize(t, control_tokens), max_chars)]
+
+
+# Reading rates for a length-only duration guess: about 4.5 Mandarin characters (one syllable each) or 14 other
+# characters (letters, digits, spaces, punctuation) per second of speech.
+CJK_CHARS_PER_S = 4.5
+OTHER_CHARS_PER_S = 14.0
+
+
+def expected_seconds(text: str) -> float:
+    """Rough speech duration of `text` from its length alone; what load balancing sorts and packs by."""
+    cjk = sum(_is_cjk(c) for c in text)
+    return cjk / CJK_CHARS_PER_S + (len(text) - cjk) / OTHER_CHARS_PER_S
 
 
 def _is_cjk(ch: str) -> bool:

@@ -1,7 +1,7 @@
 """The torch-free edge runtime: text -> 24 kHz WAV from a folder written by `ttsq export`.
 
-Imports only numpy, onnxruntime, soundfile (for WAV writing), `tokenizers` and ttsq's torch-free text
-modules (toolkit.text, toolkit.frontend).
+Imports only numpy, onnxruntime, soundfile (for WAV writing) and ttsq's torch-free modules (toolkit.text,
+toolkit.frontend, toolkit.params; the tokenizer is the pure-Python wordpiece.py).
 
     from toolkit.runtime import EdgeSynthesizer
     utt = EdgeSynthesizer("voice-int8").synthesize("Hello there.", seed=1)[0]

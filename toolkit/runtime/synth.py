@@ -10,11 +10,12 @@ from typing import Callable, Iterator, Sequence
 import numpy as np
 
 from ..params import speaker_seed
-from ..text import TextError, normalize, prompt_text, split_sentences
+from ..text import TextError, prompt_text, sentence_pieces
 from .dsp import istft, torch_randn
 from .engine import Engine, Sessions, read_manifest
 from .sampling import SamplingParams
 from .streaming import StreamRenderer
+from .wordpiece import WordPiece
 
 
 @dataclass
@@ -32,10 +33,7 @@ class Utterance:
 
 class Tokenizer:
     def __init__(self, path: Path, pad_id: int):
-        from tokenizers import Tokenizer as HF
-        self._tok = HF.from_file(str(path))
-        self._tok.no_padding()
-        self._tok.no_truncation()
+        self._tok = WordPiece.from_file(path)
         self.pad_id = pad_id
 
     def token_id(self, token: str) -> int | None:
@@ -46,7 +44,7 @@ class Tokenizer:
 
     def encode(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
         """-> ids (B, T) int64 and mask (B, T) bool, left-padded like the torch tokenizer."""
-        seqs = [e.ids for e in self._tok.encode_batch(list(texts), add_special_tokens=False)]
+        seqs = [self._tok.encode(t) for t in texts]
         T = max(len(s) for s in seqs)
         ids = np.full((len(seqs), T), self.pad_id, np.int64)
         mask = np.zeros((len(seqs), T), bool)
@@ -120,14 +118,14 @@ class EdgeSynthesizer:
 
     def synthesize(self, texts: str | Sequence[str], *, speaker=None, seed: int = 0,
                    params: SamplingParams | None = None, batch_size: int = 8, max_chars: int = 120,
-                   progress: Callable[[int, int], None] | None = None) -> list[Utterance]:
+                   control_tokens: bool = False, progress: Callable[[int, int], None] | None = None) -> list[Utterance]:
         if isinstance(texts, str):
             texts = [texts]
         if not texts:
             raise TextError("no texts given")
         params = params or SamplingParams()
         spk = self.speaker_vector(speaker)
-        pieces = [(i, p) for i, t in enumerate(texts) for p in split_sentences(normalize(t), max_chars)]
+        pieces = sentence_pieces(texts, max_chars, control_tokens)
         order = sorted(range(len(pieces)), key=lambda k: len(pieces[k][1]))
         wavs, steps, limit = {}, {}, {}
         timing = {"gpt": 0.0, "decoder": 0.0, "vocoder": 0.0}
@@ -164,12 +162,12 @@ class EdgeSynthesizer:
                               s["decoder_radius"], s["vocos_radius"])
 
     def stream(self, text: str, *, speaker=None, seed: int = 0, params: SamplingParams | None = None,
-               max_chars: int = 120) -> Iterator[np.ndarray]:
+               max_chars: int = 120, control_tokens: bool = False) -> Iterator[np.ndarray]:
         """Yields float32 audio pieces as the GPT produces states, sentence by sentence."""
         params = params or SamplingParams()
         spk = self.speaker_vector(speaker)
         spk_id = self.tokenizer.token_id("[spk_emb]")
-        for i, sentence in enumerate(split_sentences(normalize(text), max_chars)):
+        for i, (_, sentence) in enumerate(sentence_pieces([text], max_chars, control_tokens)):
             ids, valid = self.encode([sentence])
             r = self.renderer()
             for chunk in self.engine.stream(ids, valid, spk[None], spk_id, params, seed=seed + i):
