@@ -5,6 +5,9 @@ Stages (each compared with FP32 on identical inputs where it can be):
   gpt              each precision teacher-forced on FP32's codes; top-1 agreement and KL(FP32 || precision)
   end to end       fixed seeds; DTW-MCD against FP32 at the same seed, duration ratio, DNSMOS
   noise floor      FP32 against FP32 at another seed: what sampling alone changes
+
+Texts are synthesized in fixed work units (batches); under torchrun (`--distributed`) the ranks share the units out,
+score what they made, and rank 0 gathers the per-record scores into the same report (evaluation/distributed.py).
 """
 from __future__ import annotations
 
@@ -12,7 +15,7 @@ import math
 import statistics
 import time
 import zlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
@@ -21,9 +24,14 @@ import torch
 
 from toolkit import SamplingParams, Synthesizer, Utterance
 from toolkit.precision import state_bytes
+from toolkit.text import expected_seconds
 from toolkit.textsets import TextRecord, load_text_set, set_hash
 
 from . import metrics
+from .distributed import Dist, shard
+
+
+TEXT_SET = dict(control_tokens=True)  # text sets write [laugh], [uv_break], ... as controls (calibration_sets/README)
 
 
 @dataclass
@@ -73,17 +81,38 @@ def speaker_of(synth: Synthesizer, label: str):
         return synth.speaker_vector(zlib.crc32(label.encode()))
 
 
-def synthesize_records(run: PrecisionRun, records: list[TextRecord], seed: int, params: SamplingParams,
-                       batch_size: int) -> dict[str, Utterance]:
-    """Records grouped by speaker, batched; the same grouping for every precision."""
-    out: dict[str, Utterance] = {}
+@dataclass(frozen=True)
+class WorkUnit:
+    """Records synthesized together as one call, for every precision and seed. A record's audio depends on the batch
+    it is in and the batch's seed, so ranks share out whole units, never single records."""
+    speaker: str
+    ids: tuple[str, ...]
+    seed_offset: int
+    expected_s: float  # expected audio seconds: what sharding balances
+
+
+def work_units(records: list[TextRecord], batch_size: int) -> list[WorkUnit]:
+    """Per speaker (labels sorted), records by expected duration (similar lengths pad less), `batch_size` at a time.
+    The k-th record of a speaker starts a unit seeded seed + k, as Synthesizer.synthesize seeds its batches."""
     groups: dict[str, list[TextRecord]] = {}
     for r in records:
         groups.setdefault(r.speaker, []).append(r)
+    units = []
     for label, recs in sorted(groups.items()):
-        utts = run.synth.synthesize([r.text for r in recs], speaker=speaker_of(run.synth, label), seed=seed,
-                                    params=params, batch_size=batch_size)
-        out.update({r.id: u for r, u in zip(recs, utts)})
+        recs = sorted(recs, key=lambda r: expected_seconds(r.text))
+        for k in range(0, len(recs), batch_size):
+            chunk = recs[k: k + batch_size]
+            units.append(WorkUnit(label, tuple(r.id for r in chunk), k, sum(expected_seconds(r.text) for r in chunk)))
+    return units
+
+
+def synthesize_units(run: PrecisionRun, units: list[WorkUnit], by_id: dict[str, TextRecord], seed: int,
+                     params: SamplingParams, batch_size: int) -> dict[str, Utterance]:
+    out: dict[str, Utterance] = {}
+    for u in units:
+        utts = run.synth.synthesize([by_id[i].text for i in u.ids], speaker=speaker_of(run.synth, u.speaker),
+                                    seed=seed + u.seed_offset, params=params, batch_size=batch_size, **TEXT_SET)
+        out.update(zip(u.ids, utts))
     return out
 
 
@@ -97,21 +126,21 @@ def measure_performance(run: PrecisionRun, records: list[TextRecord], cfg: EvalC
     """Warm-up excluded; medians over repeats, at batch 1, on the first few records."""
     synth = run.synth
     probe = records[: min(2, len(records))]
-    synth.synthesize(probe[0].text, seed=0, params=params)  # warm-up
+    synth.synthesize(probe[0].text, seed=0, params=params, **TEXT_SET)  # warm-up
     if synth.device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(synth.device)
     lat, rtf, sps, first, stage = [], [], [], [], {"gpt": [], "decoder": [], "vocoder": []}
     for _ in range(cfg.repeats):
         for r in probe:
             _sync(synth)
-            u = synth.synthesize(r.text, speaker=speaker_of(synth, r.speaker), seed=0, params=params)[0]
+            u = synth.synthesize(r.text, speaker=speaker_of(synth, r.speaker), seed=0, params=params, **TEXT_SET)[0]
             t = u.timings
             lat.append(t["total"])
             rtf.append(t["total"] / max(u.duration, 1e-9))
             sps.append(u.steps / max(t["gpt"], 1e-9))
             _sync(synth)
             t0 = time.perf_counter()
-            for _piece in synth.stream(r.text, speaker=speaker_of(synth, r.speaker), seed=0, params=params):
+            for _piece in synth.stream(r.text, speaker=speaker_of(synth, r.speaker), seed=0, params=params, **TEXT_SET):
                 _sync(synth)
                 first.append(time.perf_counter() - t0)  # streaming: the first audio piece
                 break
@@ -123,7 +152,7 @@ def measure_performance(run: PrecisionRun, records: list[TextRecord], cfg: EvalC
         batch = (texts * math.ceil(b / len(texts)))[:b]
         _sync(synth)
         t0 = time.perf_counter()
-        utts = synth.synthesize(batch, seed=0, params=params, batch_size=b)
+        utts = synth.synthesize(batch, seed=0, params=params, batch_size=b, **TEXT_SET)
         _sync(synth)
         wall = time.perf_counter() - t0
         throughput[str(b)] = sum(u.duration for u in utts) / wall
@@ -191,22 +220,32 @@ def decode_segments(run: PrecisionRun, utts: dict[str, Utterance]) -> dict[tuple
     return out
 
 
+DECODER_METRICS = ("mcd_db", "pesq_wb", "stoi", "log_mel_l1")
+GPT_METRICS = ("top1_agreement", "kl_nats")
+
+
+# Scores are kept per record (a list per segment for the stage-wise ones) so that each rank scores what it
+# synthesized; the CIs are taken once, over every record in text-set order (`pool`, `summarize`).
+
 def stage_decoder(ref_wavs: dict, run: PrecisionRun, utts: dict[str, Utterance], cep: Cepstra) -> dict:
-    rows = {"mcd_db": [], "pesq_wb": [], "stoi": [], "log_mel_l1": []}
+    """-> {record id: {metric: [one value per segment]}}"""
+    rows = {rid: {k: [] for k in DECODER_METRICS} for rid in utts}
     sr = cep.sr
-    for key, b in decode_segments(run, utts).items():
-        a = ref_wavs[key]
-        rows["mcd_db"].append(0.0 if a is b or np.array_equal(a, b) else cep.mcd(a, b, align="none"))
-        rows["pesq_wb"].append(_safe(metrics.pesq_wb, a, b, sr))
-        rows["stoi"].append(_safe(metrics.stoi, a, b, sr))
-        rows["log_mel_l1"].append(_safe(metrics.log_mel_distance, a, b, sr))
-    return {k: ci(v) for k, v in rows.items()}
+    for (rid, k), b in decode_segments(run, utts).items():
+        a, row = ref_wavs[rid, k], rows[rid]
+        row["mcd_db"].append(0.0 if a is b or np.array_equal(a, b) else cep.mcd(a, b, align="none"))
+        row["pesq_wb"].append(_safe(metrics.pesq_wb, a, b, sr))
+        row["stoi"].append(_safe(metrics.stoi, a, b, sr))
+        row["log_mel_l1"].append(_safe(metrics.log_mel_distance, a, b, sr))
+    return rows
 
 
 def stage_gpt(ref: PrecisionRun, run: PrecisionRun, utts: dict[str, Utterance], records: dict[str, TextRecord]) -> dict:
-    agree, kl = [], []
+    """-> {record id: {metric: [one value per segment]}}"""
+    rows = {rid: {k: [] for k in GPT_METRICS} for rid in utts}
     for rid, u in utts.items():
         spk = speaker_of(ref.synth, records[rid].speaker)
+        agree, kl = rows[rid]["top1_agreement"], rows[rid]["kl_nats"]
         for seg in u.segments:
             if seg.codes.shape[0] == 0:
                 continue
@@ -214,12 +253,12 @@ def stage_gpt(ref: PrecisionRun, run: PrecisionRun, utts: dict[str, Utterance], 
             lq = torch.log_softmax(run.synth.teacher_force(seg, spk), -1)
             agree.append(float((lp.argmax(-1) == lq.argmax(-1)).float().mean()))
             kl.append(float((lp.exp() * (lp - lq)).sum(-1).mean()))
-    return {"top1_agreement": ci(agree), "kl_nats": ci(kl)}
+    return rows
 
 
-def end_to_end(ref: PrecisionRun, run: PrecisionRun, seeds, cep: Cepstra, with_dnsmos: bool) -> tuple[dict, dict]:
+def end_to_end(ref: PrecisionRun, run: PrecisionRun, seeds, cep: Cepstra, with_dnsmos: bool) -> dict:
+    """-> {record id: the per_sentence row}"""
     sr = cep.sr
-    mcd, dur, mos = [], [], []
     per_sentence = {}
     for rid in ref.utts[seeds[0]]:
         m = [cep.mcd(ref.utts[s][rid].wav, run.utts[s][rid].wav) for s in seeds] if run is not ref else []
@@ -228,33 +267,84 @@ def end_to_end(ref: PrecisionRun, run: PrecisionRun, seeds, cep: Cepstra, with_d
         q = _safe(lambda: metrics.dnsmos(run.utts[seeds[0]][rid].wav, sr)["ovrl"]) if with_dnsmos else None
         if run is ref:  # FP32 against itself is 0 by construction; its spread comes from the noise floor
             m = [0.0]
-        mcd.append(float(np.mean(m)) if m else None)
-        dur.append(float(np.mean(d)))
-        mos.append(q)
-        per_sentence[rid] = {"dtw_mcd_db": mcd[-1], "duration_ratio": dur[-1], "dnsmos_ovrl": q,
-                             "steps": run.utts[seeds[0]][rid].steps, "hit_limit": run.utts[seeds[0]][rid].hit_limit}
-    return {"dtw_mcd_db": ci(mcd), "duration_ratio": ci(dur), "dnsmos_ovrl": ci(mos),
-            "eos_rate": float(np.mean([not v["hit_limit"] for v in per_sentence.values()]))}, per_sentence
+        per_sentence[rid] = {"dtw_mcd_db": float(np.mean(m)) if m else None, "duration_ratio": float(np.mean(d)),
+                             "dnsmos_ovrl": q, "steps": run.utts[seeds[0]][rid].steps,
+                             "hit_limit": run.utts[seeds[0]][rid].hit_limit}
+    return per_sentence
+
+
+def floor_rows(ref: PrecisionRun, seeds, cep: Cepstra) -> dict[str, dict]:
+    """FP32 at seed[1] against FP32 at seed[0], per record: sampling noise alone."""
+    s0, s1 = seeds[0], seeds[1]
+    return {rid: {"dtw_mcd_db": cep.mcd(ref.utts[s0][rid].wav, ref.utts[s1][rid].wav),
+                  "duration_ratio": ref.utts[s1][rid].duration / max(ref.utts[s0][rid].duration, 1e-9)}
+            for rid in ref.utts[s0]}
+
+
+def pool(rows: dict[str, dict], order: list[str], key: str) -> list:
+    """One value (or list of values) per record, flattened in `order`."""
+    out = []
+    for rid in order:
+        v = rows[rid][key]
+        out += v if isinstance(v, list) else [v]
+    return out
 
 
 def noise_floor(ref: PrecisionRun, seeds, cep: Cepstra) -> tuple[dict, dict[str, float]]:
-    """FP32 at seed[1] against FP32 at seed[0]: sampling noise alone."""
-    s0, s1 = seeds[0], seeds[1]
-    per = {rid: cep.mcd(ref.utts[s0][rid].wav, ref.utts[s1][rid].wav) for rid in ref.utts[s0]}
-    dur = [ref.utts[s1][r].duration / max(ref.utts[s0][r].duration, 1e-9) for r in ref.utts[s0]]
-    return {"dtw_mcd_db": ci(list(per.values())), "duration_ratio": ci(dur)}, per
+    """-> (CIs, {record id: DTW-MCD}) of FP32 at seed[1] against FP32 at seed[0]."""
+    rows = floor_rows(ref, seeds, cep)
+    return ({k: ci(pool(rows, list(rows), k)) for k in ("dtw_mcd_db", "duration_ratio")},
+            {rid: r["dtw_mcd_db"] for rid, r in rows.items()})
 
 
-def run_evaluation(cfg: EvalConfig, progress: Callable[[str, int, int], None] | None = None) -> tuple[dict, dict]:
-    """-> (report dict, {precision: {seed: {id: Utterance}}}) ; writes nothing."""
+def summarize(scores: dict[str, dict], floor: dict[str, dict], order: list[str], is_reference: bool) -> dict:
+    """One precision's stage CIs and noise-floor verdict from its per-record scores."""
+    per_sentence = {rid: scores["end_to_end"][rid] for rid in order}
+    e2e = {k: ci(pool(per_sentence, order, k)) for k in ("dtw_mcd_db", "duration_ratio", "dnsmos_ovrl")}
+    e2e["eos_rate"] = float(np.mean([not v["hit_limit"] for v in per_sentence.values()]))
+    res = {
+        "decoder_vocoder": {k: ci(pool(scores["decoder_vocoder"], order, k)) for k in DECODER_METRICS},
+        "gpt_teacher_forced": {k: ci(pool(scores["gpt_teacher_forced"], order, k)) for k in GPT_METRICS},
+        "end_to_end": e2e, "per_sentence": per_sentence,
+    }
+    # within the noise floor: the paired MCD gap to FP32's own seed spread is not above zero
+    pairs = [(per_sentence[r]["dtw_mcd_db"], floor[r]["dtw_mcd_db"]) for r in order
+             if per_sentence[r]["dtw_mcd_db"] is not None and floor[r]["dtw_mcd_db"] is not None]
+    if is_reference or not pairs:
+        res["within_noise_floor"] = is_reference
+    else:
+        diff = metrics.bootstrap_diff_ci([a for a, _ in pairs], [b for _, b in pairs])
+        res["gap_vs_noise_floor_db"] = {"mean": diff[0], "lo": diff[1], "hi": diff[2]}
+        res["within_noise_floor"] = diff[1] <= 0.0
+    return res
+
+
+def _merge(parts: list[dict]) -> dict:
+    """Rank shards {record id: value} -> one dict (record ids are disjoint across ranks)."""
+    return {rid: v for p in parts for rid, v in p.items()}
+
+
+def run_evaluation(cfg: EvalConfig, progress: Callable[[str, int, int], None] | None = None,
+                   dist: Dist | None = None) -> tuple[dict, dict] | tuple[None, None]:
+    """-> (report dict, {precision: {seed: {id: Utterance}}}) ; writes nothing.
+    With `dist` (torchrun), each rank synthesizes and scores its shard of work units and gets (None, None); rank 0
+    gathers the per-record scores and audio, takes the CIs over all records, and times each precision alone."""
+    dist = dist or Dist()
     if len(cfg.seeds) < 2:
         raise ValueError("give at least two seeds: the second measures FP32's own seed-to-seed noise floor")
+    if cfg.batch_size < 1:
+        raise ValueError("batch_size must be >= 1")
     records = load_text_set(cfg.text_set)[: cfg.limit]
     by_id = {r.id: r for r in records}
+    order = [r.id for r in records]
     params = SamplingParams(max_new_tokens=cfg.max_steps)
+    units = work_units(records, cfg.batch_size)
+    mine = [units[i] for i in shard([u.expected_s for u in units], dist.world_size)[dist.rank]]
     entries = list(dict.fromkeys(["fp32", *cfg.precisions]))
+    if not dist.is_main:
+        progress = None
+    t0 = time.perf_counter()
     runs: list[PrecisionRun] = []
-    results: dict[str, dict] = {}
     step = 0
     for entry in entries:
         run = _load(cfg, entry)
@@ -262,38 +352,57 @@ def run_evaluation(cfg: EvalConfig, progress: Callable[[str, int, int], None] | 
         for seed in cfg.seeds:
             if progress:
                 progress("synthesize", step, len(entries) * len(cfg.seeds))
-            run.utts[seed] = synthesize_records(run, records, seed, params, cfg.batch_size)
+            run.utts[seed] = synthesize_units(run, mine, by_id, seed, params, cfg.batch_size)
             step += 1
     if progress:
         progress("synthesize", step, step)
     ref = runs[0]
-    sr = ref.synth.sample_rate
-    cep = Cepstra(sr)
-    floor, floor_per = noise_floor(ref, cfg.seeds, cep)
-    ref_wavs = decode_segments(ref, ref.utts[cfg.seeds[0]])
-    for i, run in enumerate(runs):
-        if progress:
-            progress("score", i, len(runs))
-        e2e, per_sentence = end_to_end(ref, run, cfg.seeds, cep, cfg.dnsmos)
-        res = {
-            "precision": run.name, "recipe": getattr(run.synth, "precision", run.name),
-            "performance": measure_performance(run, records, cfg, params),
-            "decoder_vocoder": stage_decoder(ref_wavs, run, ref.utts[cfg.seeds[0]], cep),
-            "gpt_teacher_forced": stage_gpt(ref, run, ref.utts[cfg.seeds[0]], by_id),
-            "end_to_end": e2e, "per_sentence": per_sentence,
-        }
-        # within the noise floor: the paired MCD gap to FP32's own seed spread is not above zero
-        pairs = [(per_sentence[r]["dtw_mcd_db"], floor_per[r]) for r in per_sentence
-                 if per_sentence[r]["dtw_mcd_db"] is not None and floor_per.get(r) is not None]
-        if run is ref or not pairs:
-            res["within_noise_floor"] = run is ref
-        else:
-            diff = metrics.bootstrap_diff_ci([a for a, _ in pairs], [b for _, b in pairs])
-            res["gap_vs_noise_floor_db"] = {"mean": diff[0], "lo": diff[1], "hi": diff[2]}
-            res["within_noise_floor"] = diff[1] <= 0.0
-        results[run.name] = res
+    cep = Cepstra(ref.synth.sample_rate)
+    ref_utts = ref.utts[cfg.seeds[0]]
+    ref_wavs = decode_segments(ref, ref_utts)
+    scores = {}
+    # numpy's BLAS sums in an order that depends on its thread count, which torchrun sets to 1 per rank: one
+    # thread everywhere keeps the scores of a sharded run equal to a single process's
+    from threadpoolctl import threadpool_limits  # comes with librosa (the eval extra)
+    with threadpool_limits(1, user_api="blas"):
+        for i, run in enumerate(runs):
+            if progress:
+                progress("score", i, len(runs))
+            scores[run.name] = {"decoder_vocoder": stage_decoder(ref_wavs, run, ref_utts, cep),
+                                "gpt_teacher_forced": stage_gpt(ref, run, ref_utts, by_id),
+                                "end_to_end": end_to_end(ref, run, cfg.seeds, cep, cfg.dnsmos)}
+        floor = floor_rows(ref, cfg.seeds, cep)
     if progress:
         progress("score", len(runs), len(runs))
+    part = {
+        "scores": scores, "floor": floor,
+        # audio for the WAVs and plots; GPT codes and states stay where they were made
+        "utts": {r.name: {s: {rid: replace(u, segments=[]) for rid, u in by.items()} for s, by in r.utts.items()}
+                 for r in runs},
+        "shard": {"device": str(ref.synth.device), "units": len(mine), "records": sum(len(u.ids) for u in mine),
+                  "expected_audio_s": sum(u.expected_s for u in mine), "wall_s": time.perf_counter() - t0},
+    }
+    parts = dist.gather(part)
+    if parts is None:
+        return None, None
+    sharded_wall = time.perf_counter() - t0
+    floor = _merge([p["floor"] for p in parts])
+    floor_ci = {k: ci(pool(floor, order, k)) for k in ("dtw_mcd_db", "duration_ratio")}
+    results: dict[str, dict] = {}
+    for i, run in enumerate(runs):  # timed on rank 0 alone, after every rank is done
+        if progress:
+            progress("time", i, len(runs))
+        merged = {stage: _merge([p["scores"][run.name][stage] for p in parts]) for stage in scores[run.name]}
+        results[run.name] = {"precision": run.name, "recipe": getattr(run.synth, "precision", run.name),
+                             "performance": measure_performance(run, records, cfg, params),
+                             **summarize(merged, floor, order, run is ref)}
+    if progress:
+        progress("time", len(runs), len(runs))
+    utts = {}
+    for r in runs:
+        for s in cfg.seeds:
+            by_id = _merge([p["utts"][r.name][s] for p in parts])
+            utts.setdefault(r.name, {})[s] = {rid: by_id[rid] for rid in order}
     import platform
     report = {
         "schema": "ttsq-eval/1",
@@ -306,7 +415,11 @@ def run_evaluation(cfg: EvalConfig, progress: Callable[[str, int, int], None] | 
         "versions": {"torch": torch.__version__},
         "mcd_settings": metrics.MCDSettings().describe(),
         "sampling": params.__dict__,
-        "noise_floor": floor,
+        "world_size": dist.world_size,
+        "devices": [p["shard"]["device"] for p in parts],
+        "shards": [{k: v for k, v in p["shard"].items() if k != "device"} for p in parts],
+        "sharded_wall_s": sharded_wall,
+        "noise_floor": floor_ci,
         "precisions": results,
     }
-    return report, {r.name: r.utts for r in runs}
+    return report, utts
