@@ -71,6 +71,33 @@ def test_calibration_beats_round_to_nearest(base, calib):
     assert sum(tuned.errors.values()) < 0.9 * sum(plain.errors.values())
 
 
+def test_clipping_search_lowers_the_layer_error_and_restores_kept_layers(base, calib):
+    """AWQ's int4 range search on heavy-tailed weights: the searched clip quantizes closer than min/max."""
+    from toolkit.precision.calibration import clip_weights, fake_quant_weight, search_clipping
+    from toolkit.precision.recipes import get_recipe
+    recipe = get_recipe("int4-g32", torch.device("cpu"))
+    torch.manual_seed(0)
+    layer = torch.nn.Sequential(torch.nn.Linear(128, 64, bias=False))
+    with torch.no_grad():  # heavy tails: a few large weights stretch each group's min/max range
+        layer[0].weight.copy_(torch.distributions.StudentT(3.0).sample((64, 128)) * 0.02)
+    x = torch.randn(512, 128)
+    w = layer[0].weight.detach().clone()
+    ratios = search_clipping(layer, recipe, {"0": x})["0"]
+    assert ratios.shape == (64, 4) and bool((ratios <= 1).all()) and bool((ratios < 1).any())
+    with torch.no_grad():
+        clip_weights(layer, recipe, {"0": ratios})
+    err = lambda q: float((x @ (q - w).T).pow(2).sum())
+    assert err(fake_quant_weight(layer[0].weight.detach(), recipe)) < 0.99 * err(fake_quant_weight(w, recipe))
+    # in the pipeline: a layer kept in float by the sensitivity scan gets its unclipped weights back
+    m = copy.deepcopy(base)
+    before = {n: p.detach().clone() for n, p in m.named_parameters()}
+    rep = quantize(m, "int4-g32", device="cpu", calib=calib, keep_sensitive=2)
+    for n in rep.plan.keep:
+        assert n not in rep.plan.clipped
+        if not rep.plan.alphas.get(n):  # not rescaled by AWQ either: bit-identical to the original
+            assert torch.equal(dict(m.named_modules())[n].weight, before[n + ".weight"])
+
+
 def test_unsupported_pairings_name_alternatives(base):
     with pytest.raises(UnsupportedRecipe, match="does not run on cpu.*int8"):
         quantize(copy.deepcopy(base), "fp8", device="cpu")

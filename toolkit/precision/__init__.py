@@ -8,8 +8,8 @@ from typing import Callable
 import torch
 
 from ..models import TTSModel
-from .calibration import (CalibrationData, LayerPlan, activation_aware_scale, record_inputs, relative_error,
-                          sensitivity, simulated_errors, stage_outputs, takes)
+from .calibration import (CalibrationData, LayerPlan, activation_aware_scale, clip_weights, record_inputs,
+                          relative_error, search_clipping, sensitivity, simulated_errors, stage_outputs, takes)
 from .recipes import RECIPES, Recipe, UnsupportedRecipe, get_recipe, quantizable_linears, stage_of, torchao_config
 
 __all__ = ["RECIPES", "QuantReport", "Recipe", "UnsupportedRecipe", "quantize", "state_bytes"]
@@ -34,19 +34,37 @@ def state_bytes(model: torch.nn.Module) -> int:
     return buf.tell()
 
 
-def scale_where_it_helps(model: TTSModel, recipe: Recipe, calib: CalibrationData, names: list[str],
-                         reference: dict) -> dict[str, float]:
-    """Activation-aware scaling, kept per stage only where the simulated stage error goes down: the per-layer
-    objective can disagree with the stage output (e.g. on weights with no activation outliers)."""
+def where_it_helps(model: TTSModel, recipe: Recipe, calib: CalibrationData, names: list[str], reference: dict,
+                   change: Callable[[], dict]) -> dict:
+    """Apply `change` (in place; it returns {layer: choice}), then undo it for every stage whose simulated error
+    did not go down: the per-layer objectives can disagree with the stage output."""
     before = simulated_errors(model, recipe, calib, names, reference)
     snapshot = {k: v.detach().clone() for k, v in model.state_dict().items()}
-    alphas = activation_aware_scale(model, recipe, record_inputs(model, calib, names))
+    chosen = change()
     after = simulated_errors(model, recipe, calib, names, reference)
     worse = [s for s in after if after[s] >= before[s]]
     if worse:
         model.load_state_dict({k: v for k, v in snapshot.items() if stage_of(k) in worse}, strict=False)
-        alphas = {n: a for n, a in alphas.items() if stage_of(n) not in worse}
-    return alphas
+        chosen = {n: a for n, a in chosen.items() if stage_of(n) not in worse}
+    return chosen
+
+
+def calibrate(model: TTSModel, recipe: Recipe, calib: CalibrationData, names: list[str], reference: dict,
+              plan: LayerPlan) -> dict:
+    """Activation-aware scaling, then (int4) the clipping search; each kept per stage only where it helps.
+    -> the original weights of clipped layers (clipping is not lossless: a layer kept in float gets them back)."""
+    plan.alphas = where_it_helps(model, recipe, calib, names, reference,
+                                 lambda: activation_aware_scale(model, recipe, record_inputs(model, calib, names)))
+    mods = dict(model.named_modules())
+    unclipped = {n: mods[n].weight.detach().clone() for n in names}
+
+    def clip():
+        ratios = search_clipping(model, recipe, record_inputs(model, calib, names))
+        clip_weights(model, recipe, ratios)
+        return ratios
+    ratios = where_it_helps(model, recipe, calib, names, reference, clip)
+    plan.clipped = {n: round(float(r.mean()), 4) for n, r in ratios.items()}
+    return {n: w for n, w in unclipped.items() if n in ratios}
 
 
 def quantize(model: TTSModel, precision: str, *, device: torch.device | str | None = None,
@@ -64,8 +82,7 @@ def quantize(model: TTSModel, precision: str, *, device: torch.device | str | No
         names = quantizable_linears(model)
         plan.skipped = [n for n in names if not takes(recipe, mods[n])]
         names = [n for n in names if n not in plan.skipped]
-        if calib is not None and awq:
-            plan.alphas = scale_where_it_helps(model, recipe, calib, names, reference)
+        unclipped = calibrate(model, recipe, calib, names, reference, plan) if calib is not None and awq else {}
         if calib is not None and (keep_sensitive > 0 or target_error is not None):
             step = (lambda i, n: progress("sensitivity", i, n)) if progress else None
             plan.scores = sensitivity(model, recipe, calib, names, reference, step)
@@ -78,6 +95,9 @@ def quantize(model: TTSModel, precision: str, *, device: torch.device | str | No
                     keep.append(rest.pop()) if rest[-1] not in keep else rest.pop()
             plan.keep = [n for n in ranked if n in set(keep)]
         plan.quantize = [n for n in names if n not in plan.keep]
+        for n in set(plan.keep) & set(unclipped):  # kept in float: its full range back
+            mods[n].weight.copy_(unclipped[n])
+            del plan.clipped[n]
     model.to(device=device, dtype=recipe.compute_dtype(device))
     if recipe.is_quantized and plan.quantize:
         from torchao.quantization import quantize_

@@ -33,7 +33,7 @@ def save_artifact(model: TTSModel, out: str | Path, *, force: bool = False, cali
             "precision": report.precision, "recipe": dict(RECIPES[report.precision].__dict__),
             "frontend": getattr(model, "frontend", None),
             "device_kind": report.device, "dtype": str(model.gpt.norm.weight.dtype).removeprefix("torch."),
-            "config": model.cfg.to_dict(), "layers": layers, "awq_alphas": plan.alphas,
+            "config": model.cfg.to_dict(), "layers": layers, "awq_alphas": plan.alphas, "int4_clip_ratios": plan.clipped,
             "sensitivity": plan.scores, "calibration": calib or {}, "errors": report.errors,
             "bytes_fp32": report.bytes_before, "bytes_quantized": report.bytes_after, "versions": _versions(),
         })

@@ -192,6 +192,51 @@ def activation_aware_scale(model: TTSModel, recipe: Recipe, inputs: dict[str, Te
 
 
 @torch.inference_mode()
+def search_clipping(model: TTSModel, recipe: Recipe, inputs: dict[str, Tensor], rows: int = 256,
+                    ratios: Sequence[float] = tuple(1 - i / 20 for i in range(10))) -> dict[str, Tensor]:
+    """AWQ's clipping search for int4: per output row and group, the shrink r of the [min, max] range that
+    minimises ||(Q(clip(W)) - W) x|| on calibration rows (a narrower range rounds finer; outliers pay).
+    -> {name: r (O, G)}; apply with `clip_weights`. Leaves the model unchanged."""
+    if recipe.weights != "int4":
+        return {}
+    mods = dict(model.named_modules())
+    found = {}
+    for name, x in inputs.items():
+        lin = mods[name]
+        if not takes(recipe, lin):
+            continue
+        x = x[torch.linspace(0, len(x) - 1, min(rows, len(x))).long()]
+        w = lin.weight.float().cpu()
+        O, K = w.shape
+        xg = x.view(len(x), -1, recipe.group_size)  # (N, G, gs)
+        best_err = best_r = None
+        for r in ratios:
+            q = fake_quant_weight(_clip(w, recipe.group_size, torch.full((O, K // recipe.group_size), r)), recipe)
+            err = torch.einsum("ngk,ogk->nog", xg, (q - w).view(O, -1, recipe.group_size)).pow(2).sum(0)  # (O, G)
+            if best_err is None:
+                best_err, best_r = err, torch.full_like(err, r)
+            else:
+                better = err < best_err
+                best_err, best_r = torch.where(better, err, best_err), torch.where(better, r, best_r)
+        found[name] = best_r
+    return found
+
+
+def _clip(w: Tensor, group: int, r: Tensor) -> Tensor:
+    g = w.view(w.shape[0], -1, group)
+    lo, hi = g.amin(-1, keepdim=True) * r[..., None], g.amax(-1, keepdim=True) * r[..., None]
+    return torch.maximum(torch.minimum(g, hi), lo).view_as(w)
+
+
+@torch.inference_mode()
+def clip_weights(model: TTSModel, recipe: Recipe, ratios: dict[str, Tensor]) -> None:
+    mods = dict(model.named_modules())
+    for name, r in ratios.items():
+        w = mods[name].weight
+        w.copy_(_clip(w.float(), recipe.group_size, r.to(w.device)).to(w.dtype))
+
+
+@torch.inference_mode()
 def sensitivity(model: TTSModel, recipe: Recipe, data: CalibrationData, names: Sequence[str],
                 reference: dict[str, list[Tensor]], progress: Callable[[int, int], None] | None = None) -> dict[str, float]:
     """Each layer's stage-output error when it alone is (simulated-)quantized."""
@@ -232,3 +277,4 @@ class LayerPlan:
     skipped: list[str] = field(default_factory=list)  # shapes the recipe cannot take
     scores: dict[str, float] = field(default_factory=dict)
     alphas: dict[str, float] = field(default_factory=dict)
+    clipped: dict[str, float] = field(default_factory=dict)  # int4 layers with a searched range: mean shrink
