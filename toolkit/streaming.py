@@ -17,6 +17,7 @@ from torch import Tensor
 from .models import TTSModel
 from .prompt import encode_prompts
 from .sampling import SamplingParams
+from .plan import render_stream
 from .text import sentence_pieces
 
 
@@ -80,12 +81,5 @@ def stream_text(synth, text: str, *, speaker=None, seed: int = 0, params: Sampli
     for i, (_, sentence) in enumerate(sentence_pieces([text], max_chars, control_tokens)):
         with synth.memory_guard(1):
             emb, valid = encode_prompts(synth.model, [sentence], spk)
-            renderer = StreamRenderer(synth.model)
-            for chunk in synth.engine.stream(emb, valid, params, seed=seed + i):
-                n = max(0, min(chunk.hidden.shape[1], int(chunk.lengths[0]) - chunk.start))
-                piece = renderer.push(chunk.hidden[0, :n])
-                if piece.size:
-                    yield piece
-            tail = renderer.finish()
-            if tail.size:
-                yield tail
+            chunks = synth.engine.stream(emb, valid, params, seed=seed + i)
+            yield from render_stream(chunks, StreamRenderer(synth.model))

@@ -16,9 +16,9 @@ from torch import Tensor
 from . import checkpoint
 from .engine import Engine
 from .models import TTSModel
+from .plan import Plan
 from .prompt import encode_prompts, resolve_speaker
 from .sampling import SamplingParams
-from .text import TextError, sentence_pieces
 
 DEFAULT_MODEL = Path(__file__).parent / "assets" / "voice"
 
@@ -194,24 +194,17 @@ class Synthesizer:
         """Each text is split into sentences, sentences are batched with padding, and the audio of each
         text is returned whole. `progress(done, total)` is called per batch of sentences. `[laugh]`-style
         tokens in the text are read as text unless control_tokens."""
-        if isinstance(texts, str):
-            texts = [texts]
-        if not texts:
-            raise TextError("no texts given")
-        if batch_size < 1:
-            raise ValueError("batch_size must be >= 1")
+        plan = Plan.make(texts, batch_size, max_chars, control_tokens)
         params = params or SamplingParams()
         spk = self.speaker_vector(speaker)
-        pieces = sentence_pieces(texts, max_chars, control_tokens)
-        order = sorted(range(len(pieces)), key=lambda k: len(pieces[k][1]))  # similar lengths pad less
+        pieces = plan.pieces
         wavs: dict[int, np.ndarray] = {}
         segs: dict[int, Segment] = {}
         steps: dict[int, int] = {}
         limit: dict[int, bool] = {}
         timing = {"gpt": 0.0, "decoder": 0.0, "vocoder": 0.0}
         t_start = time.perf_counter()
-        for b in range(0, len(order), batch_size):
-            idx = order[b: b + batch_size]
+        for b, idx in plan.batches():
             t0 = time.perf_counter()
             with self.memory_guard(len(idx)):
                 emb, valid = encode_prompts(self.model, [pieces[k][1] for k in idx], spk)
@@ -226,20 +219,13 @@ class Synthesizer:
                 n = steps[k]
                 segs[k] = Segment(pieces[k][1], gen.codes[j, :n].cpu(), gen.hidden[j, :n].float().cpu())
             if progress:
-                progress(min(b + batch_size, len(order)), len(order))
+                progress(b + len(idx), len(pieces))
             if should_stop is not None and should_stop():
                 raise InterruptedError("synthesis cancelled")
         timing["total"] = time.perf_counter() - t_start
-        results = []
-        for i in range(len(texts)):
-            ks = [k for k in range(len(pieces)) if pieces[k][0] == i]
-            if any(limit[k] for k in ks):
-                warnings.warn(f"text {i}: a sentence reached max_new_tokens without EOS; its audio may be cut",
-                              stacklevel=2)
-            results.append(Utterance(np.concatenate([wavs[k] for k in ks]), self.sample_rate,
-                                     sum(steps[k] for k in ks), any(limit[k] for k in ks), dict(timing),
-                                     [segs[k] for k in ks]))
-        return results
+        return [Utterance(np.concatenate([wavs[k] for k in ks]), self.sample_rate, sum(steps[k] for k in ks),
+                          any(limit[k] for k in ks), dict(timing), [segs[k] for k in ks])
+                for ks in plan.per_text(limit)]
 
     @torch.inference_mode()
     def teacher_force(self, segment: Segment, speaker=None) -> Tensor:

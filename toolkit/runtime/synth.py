@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import time
-import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator, Sequence
@@ -10,7 +9,8 @@ from typing import Callable, Iterator, Sequence
 import numpy as np
 
 from ..params import speaker_seed
-from ..text import TextError, prompt_text, sentence_pieces
+from ..plan import Plan, render_stream
+from ..text import prompt_text, sentence_pieces
 from .dsp import istft, torch_randn
 from .engine import Engine, Sessions, read_manifest
 from .sampling import SamplingParams
@@ -119,20 +119,15 @@ class EdgeSynthesizer:
     def synthesize(self, texts: str | Sequence[str], *, speaker=None, seed: int = 0,
                    params: SamplingParams | None = None, batch_size: int = 8, max_chars: int = 120,
                    control_tokens: bool = False, progress: Callable[[int, int], None] | None = None) -> list[Utterance]:
-        if isinstance(texts, str):
-            texts = [texts]
-        if not texts:
-            raise TextError("no texts given")
+        plan = Plan.make(texts, batch_size, max_chars, control_tokens)
         params = params or SamplingParams()
         spk = self.speaker_vector(speaker)
-        pieces = sentence_pieces(texts, max_chars, control_tokens)
-        order = sorted(range(len(pieces)), key=lambda k: len(pieces[k][1]))
+        pieces = plan.pieces
         wavs, steps, limit = {}, {}, {}
         timing = {"gpt": 0.0, "decoder": 0.0, "vocoder": 0.0}
         t_start = time.perf_counter()
         spk_id = self.tokenizer.token_id("[spk_emb]")
-        for b in range(0, len(order), batch_size):
-            idx = order[b:b + batch_size]
+        for b, idx in plan.batches():
             t0 = time.perf_counter()
             ids, valid = self.encode([pieces[k][1] for k in idx])
             gen = self.engine.generate(ids, valid, np.repeat(spk[None], len(idx), 0), spk_id, params, seed=seed + b)
@@ -144,17 +139,10 @@ class EdgeSynthesizer:
                 timing["vocoder"] += tv
                 steps[k], limit[k] = n, not bool(gen.finished[j])
             if progress:
-                progress(min(b + batch_size, len(order)), len(order))
+                progress(b + len(idx), len(pieces))
         timing["total"] = time.perf_counter() - t_start
-        out = []
-        for i in range(len(texts)):
-            ks = [k for k in range(len(pieces)) if pieces[k][0] == i]
-            if any(limit[k] for k in ks):
-                warnings.warn(f"text {i}: a sentence reached max_new_tokens without EOS; its audio may be cut",
-                              stacklevel=2)
-            out.append(Utterance(np.concatenate([wavs[k] for k in ks]), self.sample_rate, sum(steps[k] for k in ks),
-                                 any(limit[k] for k in ks), dict(timing)))
-        return out
+        return [Utterance(np.concatenate([wavs[k] for k in ks]), self.sample_rate, sum(steps[k] for k in ks),
+                          any(limit[k] for k in ks), dict(timing)) for ks in plan.per_text(limit)]
 
     def renderer(self) -> StreamRenderer:
         s = self.manifest["streaming"]
@@ -169,12 +157,5 @@ class EdgeSynthesizer:
         spk_id = self.tokenizer.token_id("[spk_emb]")
         for i, (_, sentence) in enumerate(sentence_pieces([text], max_chars, control_tokens)):
             ids, valid = self.encode([sentence])
-            r = self.renderer()
-            for chunk in self.engine.stream(ids, valid, spk[None], spk_id, params, seed=seed + i):
-                n = max(0, min(chunk.hidden.shape[1], int(chunk.lengths[0]) - chunk.start))
-                piece = r.push(chunk.hidden[0, :n])
-                if piece.size:
-                    yield piece
-            tail = r.finish()
-            if tail.size:
-                yield tail
+            yield from render_stream(self.engine.stream(ids, valid, spk[None], spk_id, params, seed=seed + i),
+                                     self.renderer())
