@@ -5,6 +5,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from toolkit import SamplingParams, load_model
 from toolkit.checkpoint import save_ttsq
@@ -114,3 +115,66 @@ def test_cli_reports_out_of_memory_without_traceback(tiny_dir, tmp_path, monkeyp
     err = capsys.readouterr().err
     assert "ran out of memory" in err and "Traceback" not in err
     assert not (tmp_path / "x.wav").exists()
+
+
+def _copy(src: Path, dst: Path) -> Path:
+    import shutil
+    shutil.copytree(src, dst)
+    return dst
+
+
+def test_bit_flip_is_reported_and_nan_never_reaches_a_wav(tiny_dir, tmp_path):
+    from toolkit import Synthesizer, cli
+    from toolkit.synthesizer import NumericalError
+    bad = _copy(tiny_dir, tmp_path / "flipped")
+    data = bytearray((bad / "model.safetensors").read_bytes())
+    data[-9] ^= 0x7F  # inside the last tensor's bytes: the header still parses
+    (bad / "model.safetensors").write_bytes(bytes(data))
+    with pytest.warns(UserWarning, match="differs from the sha256"):
+        load_model(bad)
+    model = load_model(tiny_dir)
+    with torch.no_grad():
+        model.vocos.blocks[0].pwconv1.weight[0, 0] = float("nan")  # what a flipped exponent bit can make
+    with pytest.raises(NumericalError, match="vocos produced NaN.*checkpoint itself may be broken"):
+        Synthesizer(model, "cpu").synthesize("hello.", params=SamplingParams(max_new_tokens=6))
+    nan_dir = save_ttsq(model, tmp_path / "nan-model")
+    wav = tmp_path / "out.wav"
+    assert cli.main(["synth", "hello.", "-o", str(wav), "--model", str(nan_dir), "--device", "cpu"]) != 0
+    assert not wav.exists()
+
+
+def test_checkpoint_of_another_architecture_is_named(tiny_dir, tmp_path):
+    import json
+
+    from safetensors.torch import save_file
+    from toolkit.checkpoint import CheckpointError, write_manifest
+    bert = {"bert.embeddings.word_embeddings.weight": torch.zeros(10, 4),
+            "bert.encoder.layer.0.attention.self.query.weight": torch.zeros(4, 4)}
+    hf = tmp_path / "hf-bert"  # a Hugging Face folder of another model
+    hf.mkdir()
+    (hf / "config.json").write_text('{"model_type": "bert"}')
+    save_file(bert, str(hf / "model.safetensors"))
+    with pytest.raises(CheckpointError, match="neither a ttsq model folder.*nor an official ChatTTS"):
+        load_model(hf)
+    other = _copy(tiny_dir, tmp_path / "bert-in-ttsq")  # another model's weights behind a consistent manifest
+    save_file(bert, str(other / "model.safetensors"))
+    fields = {k: v for k, v in json.loads((other / "manifest.json").read_text()).items()
+              if k not in ("format", "format_version", "files")}
+    write_manifest(other, fields)
+    with pytest.raises(CheckpointError) as e:
+        load_model(other)
+    assert "missing" in str(e.value) and "unexpected" in str(e.value) and "bert.embeddings" in str(e.value)
+
+
+def test_missing_tokenizer_is_named(tiny_dir, tmp_path):
+    from toolkit.checkpoint import CheckpointError
+    bad = _copy(tiny_dir, tmp_path / "no-tokenizer")
+    (bad / "tokenizer.json").unlink()
+    with pytest.raises(CheckpointError, match="tokenizer.json.*missing"):
+        load_model(bad)
+
+
+def test_very_large_batch_works(tiny_synth):
+    texts = [f"sentence {i}." for i in range(256)]
+    utts = tiny_synth.synthesize(texts, batch_size=256, params=SamplingParams(max_new_tokens=3))
+    assert len(utts) == 256 and all(np.isfinite(u.wav).all() and u.wav.size for u in utts)

@@ -1,0 +1,147 @@
+"""Sustained load: many requests of random length, precision, batch and mode (whole or streamed) through one
+process, with bad requests and (on CUDA) an out-of-memory batch mixed in. It checks that nothing errs unexpectedly,
+memory does not grow, and fixed-seed output stays bit-identical from start to end.
+
+    python3 benchmarks/soak.py --requests 1000 --device cpu --out benchmarks/results/soak_cpu.json
+    python3 benchmarks/soak.py --requests 1000 --device cuda --precisions fp32,bf16,int8,int4 --out $OUT/soak.json
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import random
+import resource
+import statistics
+import sys
+import time
+import warnings
+from pathlib import Path
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from toolkit import OutOfMemory, SamplingParams, Synthesizer  # noqa: E402
+from toolkit.text import TextError  # noqa: E402
+from toolkit.textsets import load_text_set  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+PROBE = ("The probe sentence, spoken at the start and at the end.", 1234)
+# (request, the error it must raise): each is followed by a normal request that must succeed
+BAD = [
+    (dict(texts=["   \n\t "]), TextError),
+    (dict(texts=["[laugh] [uv_break]"], control_tokens=True), TextError),
+    (dict(texts=[]), TextError),
+    (dict(texts=["hello"], speaker="nobody-has-this-voice"), ValueError),
+    (dict(texts=["hello"], batch_size=0), ValueError),
+]
+
+
+def rss_mib() -> float:
+    """Current resident set size (Linux /proc; falls back to the peak)."""
+    try:
+        pages = int(Path("/proc/self/statm").read_text().split()[1])
+        return pages * resource.getpagesize() / 2**20
+    except OSError:
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def device_mib(dev: torch.device) -> float | None:
+    return torch.cuda.memory_allocated(dev) / 2**20 if dev.type == "cuda" else None
+
+
+def probe(synth: Synthesizer) -> np.ndarray:
+    return synth.synthesize(PROBE[0], seed=PROBE[1], params=SamplingParams(max_new_tokens=64))[0].wav
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default=None, help="model folder (default: the shipped voice)")
+    ap.add_argument("--device", default=None)
+    ap.add_argument("--precisions", default="fp32,bf16,int8")
+    ap.add_argument("--requests", type=int, default=1000)
+    ap.add_argument("--max-steps", type=int, default=96, help="upper end of each request's random max_new_tokens")
+    ap.add_argument("--max-texts", type=int, default=8, help="largest number of texts in one request")
+    ap.add_argument("--lengths", default="short,medium,long", help="length buckets of calibration texts to draw from")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out", required=True, help="JSON file to write (a .md summary is written beside it)")
+    args = ap.parse_args(argv)
+    warnings.simplefilter("ignore")  # "reached max_new_tokens" is expected with capped lengths
+    rng = random.Random(args.seed)
+    texts = [r.text for r in load_text_set(ROOT / "calibration_sets" / "calib.jsonl") if r.length in args.lengths]
+    synths = {p: Synthesizer(args.model, args.device, None if p == "fp32" else p, warmup=True)
+              for p in args.precisions.split(",")}
+    dev = next(iter(synths.values())).device
+    before = {p: probe(s) for p, s in synths.items()}
+    counts = {"ok": 0, "streamed": 0, "expected_errors": 0, "unexpected_errors": 0, "oom_provoked": 0,
+              "oom_recovered": 0, "nan_in_audio": 0}
+    failures, samples, audio_s = [], [], 0.0
+    t_start = time.perf_counter()
+    for i in range(args.requests):
+        name = rng.choice(list(synths))
+        synth = synths[name]
+        n_texts = rng.choice([n for n in (1, 1, 1, 2, 4, 8) if n <= args.max_texts])
+        batch = [" ".join(rng.sample(texts, rng.choice([1, 1, 2, 3]))) for _ in range(n_texts)]
+        params = SamplingParams(max_new_tokens=rng.randint(8, args.max_steps))
+        try:
+            if i % 50 == 25:  # a bad request, which must fail cleanly (control tokens alone are text, unless asked)
+                kwargs, expected = BAD[(i // 50) % len(BAD)]
+                try:
+                    synth.synthesize(**kwargs)
+                    raise AssertionError(f"bad request {kwargs} was accepted")
+                except expected:
+                    counts["expected_errors"] += 1
+            elif i % 250 == 125 and dev.type == "cuda":  # far beyond the GPU: must raise OutOfMemory, then recover
+                counts["oom_provoked"] += 1
+                try:
+                    synth.synthesize(["a long sentence that repeats. " * 3] * 100_000, batch_size=100_000,
+                                     params=SamplingParams(max_new_tokens=2048))
+                except OutOfMemory:
+                    counts["oom_recovered"] += 1
+            elif rng.random() < 0.25:
+                wav = np.concatenate(list(synth.stream(batch[0], seed=i, params=params)))
+                counts["streamed"] += 1
+                counts["nan_in_audio"] += int(not np.isfinite(wav).all())
+                audio_s += len(wav) / synth.sample_rate
+            else:
+                for u in synth.synthesize(batch, seed=i, params=params, batch_size=rng.choice([1, 4, 8]),
+                                          control_tokens=rng.random() < 0.5):
+                    counts["nan_in_audio"] += int(not np.isfinite(u.wav).all())
+                    audio_s += u.duration
+            counts["ok"] += 1
+        except Exception as e:  # noqa: BLE001 - a soak counts every failure instead of stopping at the first
+            counts["unexpected_errors"] += 1
+            failures.append(f"request {i} ({name}): {type(e).__name__}: {e}")
+            print(failures[-1], file=sys.stderr, flush=True)
+        if i % 50 == 0 or i == args.requests - 1:
+            samples.append({"request": i, "rss_mib": rss_mib(), "device_mib": device_mib(dev)})
+            print(f"{i + 1}/{args.requests} rss {samples[-1]['rss_mib']:.0f} MiB, errors {counts['unexpected_errors']}",
+                  flush=True)
+    wall = time.perf_counter() - t_start
+    after = {p: probe(s) for p, s in synths.items()}
+    deterministic = {p: bool(np.array_equal(before[p], after[p])) for p in synths}
+    # memory growth: steady state (after the first fifth, once every shape has been seen) to the end
+    steady = [s for s in samples if s["request"] >= args.requests // 5]
+    growth = steady[-1]["rss_mib"] - statistics.median(s["rss_mib"] for s in steady[: max(1, len(steady) // 4)])
+    dev_growth = (steady[-1]["device_mib"] - steady[0]["device_mib"]) if dev.type == "cuda" else None
+    result = {
+        "command": "python3 benchmarks/soak.py " + " ".join(sys.argv[1:] if argv is None else argv),
+        "hardware": torch.cuda.get_device_name(dev) if dev.type == "cuda"
+        else f"{platform.machine()} CPU, {torch.get_num_threads()} threads",
+        "torch": torch.__version__, "model": args.model or "shipped voice", "precisions": list(synths),
+        "requests": args.requests, "wall_s": wall, "audio_s": audio_s, "counts": counts,
+        "deterministic_probe": deterministic, "rss_growth_mib_steady_state": growth,
+        "device_growth_mib": dev_growth, "memory_samples": samples, "failures": failures[:50],
+    }
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=1))
+    ok = counts["unexpected_errors"] == 0 and counts["nan_in_audio"] == 0 and all(deterministic.values())
+    print(json.dumps({k: result[k] for k in ("requests", "wall_s", "audio_s", "counts", "deterministic_probe",
+                                             "rss_growth_mib_steady_state", "device_growth_mib")}, indent=1))
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
