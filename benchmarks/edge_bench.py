@@ -48,7 +48,7 @@ def child(a) -> None:
     load = time.perf_counter() - t0
     fixed = a.steps if a.fixed else 0
     params = SamplingParams(max_new_tokens=a.steps if a.fixed else 1024, min_new_tokens=fixed)
-    s.synthesize("Hi.", seed=0, params=SamplingParams(max_new_tokens=4, min_new_tokens=4 if a.fixed else 0))  # warm-up
+    s.synthesize(TEXT, seed=a.seed, speaker=a.speaker, params=params)  # warm-up at full length: steady state is timed
     runs = []
     for r in range(a.repeats):
         utt = s.synthesize(TEXT, seed=a.seed, speaker=a.speaker, params=params)[0]
