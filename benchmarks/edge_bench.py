@@ -221,53 +221,17 @@ def micro(full: Path, work: Path, a) -> dict:
     return res
 
 
-CHATTTS_SCRIPT = r'''
-import sys, time, json, resource, logging
-from dataclasses import asdict
-import torch
-torch.set_num_threads(int(sys.argv[2]))
-N = int(sys.argv[1])
-from ChatTTS.config import Config
-from ChatTTS.model.gpt import GPT
-from ChatTTS.model.embed import Embed
-from transformers import LlamaModel
-cfg = Config()
-torch.manual_seed(0)
-embed = Embed(cfg.embed.hidden_size, cfg.embed.num_audio_tokens, cfg.embed.num_text_tokens, cfg.embed.num_vq).eval()
-gpt = GPT(asdict(cfg.gpt), embed, logger=logging.getLogger("chattts"))
-gpt.gpt = LlamaModel(gpt.llama_config).eval()
-T = 24
-ids = torch.randint(0, 1000, (1, T, cfg.gpt.num_vq))
-ids[..., 1:] = ids[..., :1]
-mask = torch.ones(1, T, dtype=torch.bool)
-with torch.inference_mode():
-    emb = embed(ids, mask)
-    t0 = time.perf_counter()
-    res = list(gpt.generate(emb, ids, temperature=torch.tensor([0.3] * 4), eos_token=625, attention_mask=mask,
-                            max_new_token=N, min_new_token=N, infer_text=False, return_hidden=True, stream=False,
-                            show_tqdm=False, manual_seed=0))[-1]
-dt = time.perf_counter() - t0
-n = len(res.ids[0])
-print(json.dumps({"steps": n, "gpt_s": round(dt, 3), "gpt_steps_per_s": round(n / dt, 2),
-                  "rtf_gpt_only": round(dt / (n / 46.875), 3), "threads": int(sys.argv[2]),
-                  "peak_rss_mib": [round(int(l.split()[1]) / 1024, 1) for l in open("/proc/self/status") if l.startswith("VmHWM:")][0]}))
-'''
-
-
 def chattts(a, work: Path) -> dict:
+    """The `chattts` package's GPT for the same steps at batch 1 on this CPU (toolkit.bench runs it)."""
+    from toolkit.bench import STEPS_PER_S, run_chattts
     if not REFENV.is_file():
-        return {"skipped": "no reference venv at /work/refenv"}
-    script = work / "chattts_ref.py"
-    script.write_text(CHATTTS_SCRIPT)
-    env = {**os.environ, "OMP_NUM_THREADS": str(a.threads)}
-    try:
-        r = subprocess.run([str(REFENV), str(script), str(a.steps), str(a.threads)], capture_output=True, text=True,
-                           env=env, timeout=a.chattts_timeout, cwd=work)
-    except subprocess.TimeoutExpired:
-        return {"error": f"timed out after {a.chattts_timeout} s"}
-    if r.returncode:
-        return {"error": r.stderr[-1200:]}
-    return json.loads(r.stdout.strip().splitlines()[-1])
+        return {"skipped": f"no reference venv at {REFENV} (tests/fixtures/make_refenv.sh makes one)"}
+    r = run_chattts(str(REFENV), a.steps, 1, "cpu", timeout=a.chattts_timeout, threads=a.threads, workdir=work)
+    if "steps_per_s" not in r:
+        return r
+    return {"steps": r["steps"], "gpt_s": round(r["gpt_s"], 3), "gpt_steps_per_s": round(r["steps_per_s"], 2),
+            "rtf_gpt_only": round(r["gpt_s"] / (r["steps"] / STEPS_PER_S), 3), "threads": r["threads"],
+            "peak_rss_mib": round(r["peak_rss_mib"], 1)}
 
 
 def hardware() -> dict:

@@ -12,64 +12,17 @@ import argparse
 import copy
 import json
 import platform
-import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from toolkit.engine import Engine  # noqa: E402
-from toolkit.models import ModelConfig, TTSModel  # noqa: E402
+from toolkit.bench import decode_rate, random_model, utterance_timing  # noqa: E402
 from toolkit.precision import quantize, state_bytes  # noqa: E402
 from toolkit.precision.calibration import relative_error  # noqa: E402
-from toolkit.sampling import SamplingParams  # noqa: E402
 
 STEPS_10S = 470  # 10 s of audio at 46.875 steps/s
-
-
-def sync(dev):
-    if dev.type == "cuda":
-        torch.cuda.synchronize(dev)
-
-
-def decode_rate(model, B, steps, dev, graphs=True, prompt=32, repeats=3):
-    """GPT steps/s for B sequences of exactly `steps` codes (EOS suppressed), plus the hidden states."""
-    eng = Engine(model.gpt, cuda_graphs=graphs)
-    g = torch.Generator(device="cpu").manual_seed(0)
-    emb = torch.randn(B, prompt, model.cfg.gpt.hidden, generator=g).to(dev, model.gpt.norm.weight.dtype) * 0.1
-    valid = torch.ones(B, prompt, dtype=torch.bool, device=dev)
-    p = SamplingParams(max_new_tokens=steps, min_new_tokens=steps)
-    eng.generate(emb, valid, p)  # warm-up and capture
-    times, gen = [], None
-    for r in range(repeats):
-        sync(dev)
-        t0 = time.perf_counter()
-        gen = eng.generate(emb, valid, p, seed=r)
-        sync(dev)
-        times.append(time.perf_counter() - t0)
-    return steps / statistics.median(times), gen
-
-
-def e2e(model, dev, graphs=True):
-    """One 10 s utterance: GPT + Decoder + Vocos, median wall time."""
-    _, gen = decode_rate(model, 1, STEPS_10S, dev, graphs, repeats=1)
-    times = []
-    eng = Engine(model.gpt, cuda_graphs=graphs)
-    emb = torch.randn(1, 32, model.cfg.gpt.hidden).to(dev, model.gpt.norm.weight.dtype) * 0.1
-    valid = torch.ones(1, 32, dtype=torch.bool, device=dev)
-    p = SamplingParams(max_new_tokens=STEPS_10S, min_new_tokens=STEPS_10S)
-    eng.generate(emb, valid, p)
-    for _ in range(3):
-        sync(dev)
-        t0 = time.perf_counter()
-        g = eng.generate(emb, valid, p)
-        wav = model.mel_to_wav(model.hidden_to_mel(g.hidden).float())
-        sync(dev)
-        times.append(time.perf_counter() - t0)
-    seconds = wav.shape[-1] / 24000
-    return statistics.median(times) / seconds
 
 
 def stage_inputs(model, dev):
@@ -99,16 +52,7 @@ def main():
     ap.add_argument("--quick", action="store_true", help="tiny dimensions, for a CPU smoke run")
     a = ap.parse_args()
     dev = torch.device(a.device)
-    torch.manual_seed(0)
-    cfg = ModelConfig(dvae=None, gfsq=None)
-    if a.quick:
-        from toolkit.models import tiny
-        cfg = tiny()
-    base = TTSModel(cfg).to(dev).eval().requires_grad_(False)
-    with torch.no_grad():  # ChatTTS-like scales: layer scales and norms near 1
-        for n, p_ in base.named_parameters():
-            if n.endswith("scale"):
-                p_.fill_(0.1)
+    base = random_model("tiny" if a.quick else "chattts", dev)
     inputs = stage_inputs(base, dev)
     ref = stage_outputs(base, inputs)
     batches = [int(b) for b in a.batches.split(",")]
@@ -123,15 +67,15 @@ def main():
             row["rel_error"] = {s: relative_error(out[s], ref[s]) for s in out}
             if dev.type == "cuda":
                 torch.cuda.reset_peak_memory_stats(dev)
-            row["steps_per_s_b1_graph"], _ = decode_rate(model, 1, STEPS_10S, dev, graphs=True)
+            row["steps_per_s_b1_graph"] = decode_rate(model, 1, STEPS_10S, dev, graphs=True)
             if dev.type == "cuda":
                 row["peak_mem_b1_bytes"] = torch.cuda.max_memory_allocated(dev)
-            row["steps_per_s_b1_eager"], _ = decode_rate(model, 1, 64, dev, graphs=False, repeats=1)
-            row["rtf_10s_b1"] = e2e(model, dev)
+            row["steps_per_s_b1_eager"] = decode_rate(model, 1, 64, dev, graphs=False, repeats=1)
+            row["rtf_10s_b1"], row["time_to_first_audio_s"] = utterance_timing(model, STEPS_10S, dev)
             for b in batches:
                 if dev.type == "cuda":
                     torch.cuda.reset_peak_memory_stats(dev)
-                sps, _ = decode_rate(model, b, 235, dev, repeats=1)
+                sps = decode_rate(model, b, 235, dev, repeats=1)
                 row[f"audio_s_per_s_gpt_b{b}"] = sps * b / 46.875
                 if dev.type == "cuda":
                     row[f"peak_mem_b{b}_bytes"] = torch.cuda.max_memory_allocated(dev)

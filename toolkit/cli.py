@@ -136,6 +136,25 @@ def cmd_evaluate(a) -> int:
     return run_from_args(a)
 
 
+def cmd_bench(a) -> int:
+    from .bench import BenchConfig, markdown, run_bench
+    from .fileio import atomic_write_bytes
+
+    out = Path(a.out)
+    if out.with_suffix(".json").exists() and not a.force:
+        raise FileExistsError(f"{out.with_suffix('.json')} already exists; pass --force to replace it, or another --out")
+    cfg = BenchConfig([p for p in a.precisions.split(",") if p], [int(b) for b in a.batches.split(",")], a.steps,
+                      a.device, a.dims, a.repeats, chattts_python=a.chattts_python)
+    report = run_bench(cfg, progress=lambda m: print(m, file=sys.stderr, flush=True))
+    report["command"] = "ttsq bench " + " ".join(sys.argv[2:])
+    table = markdown(report)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_bytes(out.with_suffix(".json"), (json.dumps(report, indent=1) + "\n").encode())
+    atomic_write_bytes(out.with_suffix(".md"), table.encode())
+    print(table)
+    return 0
+
+
 def cmd_gui(a) -> int:
     from gui.app import run
     return run(a.model, a.device)
@@ -195,6 +214,19 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--calib", help="calibration set (JSONL): int8 Decoder/Vocos become static QDQ")
     s.add_argument("--force", action="store_true", help="replace an existing --out folder")
     s.set_defaults(func=cmd_export)
+
+    s = sub.add_parser("bench", help="ttsq and the chattts package side by side: steps/s, RTF, first audio, memory")
+    s.add_argument("--precisions", default="fp32,bf16,fp16,int8,int4")
+    s.add_argument("--batches", default="1,8,64")
+    s.add_argument("--steps", type=int, default=470, help="GPT steps per sequence (470 = 10 s of audio)")
+    s.add_argument("--device", default=None, help="cpu or cuda[:N] (default: cuda if available)")
+    s.add_argument("--dims", choices=("chattts", "tiny"), default="chattts", help="random weights at these dimensions")
+    s.add_argument("--repeats", type=int, default=3, help="timed runs per figure (medians)")
+    s.add_argument("--chattts-python", help="a Python that can `import ChatTTS` (e.g. a venv made by "
+                   "tests/fixtures/make_refenv.sh); without it the chattts side is skipped")
+    s.add_argument("--out", default="benchmarks/results/bench", help="writes OUT.json and OUT.md")
+    s.add_argument("--force", action="store_true", help="replace existing results")
+    s.set_defaults(func=cmd_bench)
 
     s = sub.add_parser("gui", help="desktop GUI: synthesize, listen, compare precisions (needs the gui extra)")
     s.add_argument("--model", default=None, help="model folder to open (default: the last one, or the shipped voice)")

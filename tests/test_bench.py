@@ -1,0 +1,39 @@
+"""`ttsq bench` on the CPU at tiny dimensions: the report, the table, and the chattts side when it cannot run."""
+import json
+import sys
+
+from toolkit import cli
+from toolkit.bench import markdown, run_chattts
+
+
+def test_bench_writes_report_and_table(tmp_path, capsys):
+    out = tmp_path / "bench"
+    args = ["bench", "--dims", "tiny", "--device", "cpu", "--precisions", "fp32,int8,fp8", "--batches", "1,2",
+            "--steps", "24", "--repeats", "1", "--out", str(out)]
+    assert cli.main(args) == 0
+    rep = json.loads(out.with_suffix(".json").read_text())
+    assert rep["schema"] == "ttsq-bench/1" and rep["steps"] == 24 and rep["batches"] == [1, 2]
+    for name in ("fp32", "int8"):
+        r = rep["ttsq"][name]
+        assert set(r["steps_per_s"]) == {"1", "2"} and all(v > 0 for v in r["steps_per_s"].values())
+        assert r["audio_s_per_s"]["2"] > 0 and 0 < r["rtf"] and 0 < r["time_to_first_audio_s"] < 60
+    assert "error" in rep["ttsq"]["fp8"]  # fp8 needs a GPU: recorded, and the others still ran
+    assert rep["chattts"]["1"] == {"skipped": "no --chattts-python given"}
+    table = out.with_suffix(".md").read_text()
+    assert "| fp32 |" in table and "| fp8 | failed" in table and table in capsys.readouterr().out
+    assert cli.main(args) != 0  # existing results are kept unless --force
+    assert "--force" in capsys.readouterr().err
+
+
+def test_chattts_side_reports_why_it_did_not_run(tmp_path):
+    assert "skipped" in run_chattts(str(tmp_path / "no-python"), 8, 1, "cpu", workdir=tmp_path)
+    r = run_chattts(sys.executable, 8, 1, "cpu", workdir=tmp_path)  # this venv has no ChatTTS package
+    assert "error" in r and "ChatTTS" in r["error"]
+
+
+def test_ratio_to_chattts_in_the_table():
+    rep = {"hardware": "cpu", "torch": "x", "dims": "tiny", "steps": 10, "created": "now", "batches": [1],
+           "ttsq": {"fp32": {"weight_bytes": 2**20, "rtf": 0.5, "time_to_first_audio_s": 0.1,
+                             "steps_per_s": {"1": 300.0}, "audio_s_per_s": {"1": 6.4}, "peak_mem_bytes": {}}},
+           "chattts": {"1": {"steps_per_s": 100.0}}}
+    assert "| fp32 | 1 | 0.500 | 0.100 | 300 | 6.4 | 3.0x | – |" in markdown(rep)
