@@ -51,6 +51,39 @@ def device_mib(dev: torch.device) -> float | None:
     return torch.cuda.memory_allocated(dev) / 2**20 if dev.type == "cuda" else None
 
 
+def device_snapshot(dev: torch.device) -> dict | None:
+    """The allocator's statistics and NVML's view of the GPU, logged at the start and at the end."""
+    if dev.type != "cuda":
+        return None
+    keys = ("allocated_bytes.all.current", "reserved_bytes.all.current", "allocated_bytes.all.peak",
+            "num_alloc_retries", "num_ooms", "inactive_split_bytes.all.current")
+    stats = torch.cuda.memory_stats(dev)
+    snap = {"torch": {k: stats.get(k) for k in keys}}
+    try:
+        import pynvml
+        pynvml.nvmlInit()
+        snap["nvml_used_bytes"] = pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByIndex(dev.index or 0)).used
+    except Exception as e:  # noqa: BLE001 - NVML is optional; torch's numbers stand alone
+        snap["nvml_used_bytes"] = f"unavailable: {type(e).__name__}"
+    return snap
+
+
+def provoke_out_of_memory(synth: Synthesizer, dev: torch.device) -> int:
+    """Fill the GPU to within 256 MiB of full (front-ending 10^5 texts would take longer than the soak), then ask for
+    256 sentences of 2048 steps. -> 1 if that raised OutOfMemory, else 0."""
+    free, _ = torch.cuda.mem_get_info(dev)
+    ballast = torch.empty(max(0, free - 256 * 2**20), dtype=torch.uint8, device=dev)
+    try:
+        synth.synthesize(["A long sentence, spoken slowly, that goes on."] * 256, batch_size=256,
+                         params=SamplingParams(max_new_tokens=2048, min_new_tokens=2048))
+        return 0
+    except OutOfMemory:
+        return 1
+    finally:
+        del ballast
+        torch.cuda.empty_cache()
+
+
 def probe(synth: Synthesizer) -> np.ndarray:
     return synth.synthesize(PROBE[0], seed=PROBE[1], params=SamplingParams(max_new_tokens=64))[0].wav
 
@@ -74,6 +107,7 @@ def main(argv=None) -> int:
               for p in args.precisions.split(",")}
     dev = next(iter(synths.values())).device
     before = {p: probe(s) for p, s in synths.items()}
+    memory_at_start = device_snapshot(dev)
     counts = {"ok": 0, "streamed": 0, "expected_errors": 0, "unexpected_errors": 0, "oom_provoked": 0,
               "oom_recovered": 0, "nan_in_audio": 0}
     failures, samples, audio_s = [], [], 0.0
@@ -92,13 +126,9 @@ def main(argv=None) -> int:
                     raise AssertionError(f"bad request {kwargs} was accepted")
                 except expected:
                     counts["expected_errors"] += 1
-            elif i % 250 == 125 and dev.type == "cuda":  # far beyond the GPU: must raise OutOfMemory, then recover
+            elif i % 250 == 125 and dev.type == "cuda":  # a batch beyond the GPU: OutOfMemory, then recover
                 counts["oom_provoked"] += 1
-                try:
-                    synth.synthesize(["a long sentence that repeats. " * 3] * 100_000, batch_size=100_000,
-                                     params=SamplingParams(max_new_tokens=2048))
-                except OutOfMemory:
-                    counts["oom_recovered"] += 1
+                counts["oom_recovered"] += provoke_out_of_memory(synth, dev)
             elif rng.random() < 0.25:
                 wav = np.concatenate(list(synth.stream(batch[0], seed=i, params=params)))
                 counts["streamed"] += 1
@@ -120,6 +150,7 @@ def main(argv=None) -> int:
                   flush=True)
     wall = time.perf_counter() - t_start
     after = {p: probe(s) for p, s in synths.items()}
+    memory_at_end = device_snapshot(dev)
     deterministic = {p: bool(np.array_equal(before[p], after[p])) for p in synths}
     # memory growth: steady state (after the first fifth, once every shape has been seen) to the end
     steady = [s for s in samples if s["request"] >= args.requests // 5]
@@ -132,12 +163,14 @@ def main(argv=None) -> int:
         "torch": torch.__version__, "model": args.model or "shipped voice", "precisions": list(synths),
         "requests": args.requests, "wall_s": wall, "audio_s": audio_s, "counts": counts,
         "deterministic_probe": deterministic, "rss_growth_mib_steady_state": growth,
-        "device_growth_mib": dev_growth, "memory_samples": samples, "failures": failures[:50],
+        "device_growth_mib": dev_growth, "device_memory_start": memory_at_start, "device_memory_end": memory_at_end,
+        "memory_samples": samples, "failures": failures[:50],
     }
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=1))
-    ok = counts["unexpected_errors"] == 0 and counts["nan_in_audio"] == 0 and all(deterministic.values())
+    ok = (counts["unexpected_errors"] == 0 and counts["nan_in_audio"] == 0 and all(deterministic.values())
+          and counts["oom_recovered"] == counts["oom_provoked"])
     print(json.dumps({k: result[k] for k in ("requests", "wall_s", "audio_s", "counts", "deterministic_probe",
                                              "rss_growth_mib_steady_state", "device_growth_mib")}, indent=1))
     return 0 if ok else 1
