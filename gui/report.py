@@ -23,7 +23,7 @@ def measure_noise_floor(job, reference_utt, emit=None, should_stop=None) -> dict
         emit("progress", (0.1, "fp32 at another seed (noise floor)"))
     synth = Synthesizer(job.model, job.device)
     other = synth.synthesize(job.text, speaker=job.speaker, seed=job.seed + 1, params=job.params,
-                             should_stop=should_stop)[0]
+                             control_tokens=job.control_tokens, should_stop=should_stop)[0]
     run = PrecisionRun("fp32", synth, 0, {job.seed: {RID: reference_utt}, job.seed + 1: {RID: other}})
     floor, per = noise_floor(run, (job.seed, job.seed + 1), Cepstra(reference_utt.sample_rate))
     return {"floor": floor, "per": per}

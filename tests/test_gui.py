@@ -153,8 +153,13 @@ def test_switching_model_during_synthesis(qtbot, win, tiny_dir, tmp_path):
     assert {r["model"] for r in win.results.values()} == {str(other)}  # a new comparison, not a mix of models
 
 
-def test_control_tokens_follow_the_checkbox(qtbot, win):
+def test_control_tokens_follow_the_checkbox(qtbot, win, tmp_path, monkeypatch):
+    from toolkit.synthesizer import Synthesizer
     from toolkit.text import USER_CONTROL
+    seen = []  # control_tokens of every synthesis call: the runs, warm-ups and the report's noise floor
+    real = Synthesizer.synthesize
+    monkeypatch.setattr(Synthesizer, "synthesize",
+                        lambda self, *a, **k: seen.append(k.get("control_tokens")) or real(self, *a, **k))
     assert not win.control_tokens.isChecked() and not win.make_job().control_tokens  # text, unless asked
     index = next(i for i in range(1, win.samples.count()) if USER_CONTROL.search(win.samples.itemData(i)))
     win._pick_sample(index)  # a calibration sentence that writes [laugh]/[uv_break] as controls
@@ -163,6 +168,10 @@ def test_control_tokens_follow_the_checkbox(qtbot, win):
     _wait_idle(qtbot, win)
     assert win.error_box is None, win.error_box.text()
     assert "fp32" in win.results
+    win.save_report(str(tmp_path / "report"))
+    _wait_idle(qtbot, win)
+    assert win.error_box is None, win.error_box.text()
+    assert len(seen) >= 3 and all(seen), seen
 
 
 def test_bad_model_path_shows_dialog(qtbot, win):
