@@ -290,11 +290,24 @@ def pool(rows: dict[str, dict], order: list[str], key: str) -> list:
     return out
 
 
+def floor_cis(rows: dict[str, dict], order: list[str]) -> dict:
+    return {k: ci(pool(rows, order, k)) for k in ("dtw_mcd_db", "duration_ratio")}
+
+
 def noise_floor(ref: PrecisionRun, seeds, cep: Cepstra) -> tuple[dict, dict[str, float]]:
     """-> (CIs, {record id: DTW-MCD}) of FP32 at seed[1] against FP32 at seed[0]."""
     rows = floor_rows(ref, seeds, cep)
-    return ({k: ci(pool(rows, list(rows), k)) for k in ("dtw_mcd_db", "duration_ratio")},
-            {rid: r["dtw_mcd_db"] for rid, r in rows.items()})
+    return floor_cis(rows, list(rows)), {rid: r["dtw_mcd_db"] for rid, r in rows.items()}
+
+
+def floor_verdict(pairs: list[tuple[float, float]], is_reference: bool) -> dict:
+    """Within the noise floor: the paired gap (precision's DTW-MCD - FP32's seed-to-seed DTW-MCD, per sentence)
+    is not above zero at 95%. -> within_noise_floor, plus gap_vs_noise_floor_db when there is a gap to take."""
+    if is_reference or not pairs:
+        return {"within_noise_floor": is_reference}
+    diff = metrics.bootstrap_diff_ci([a for a, _ in pairs], [b for _, b in pairs])
+    return {"gap_vs_noise_floor_db": {"mean": diff[0], "lo": diff[1], "hi": diff[2]},
+            "within_noise_floor": diff[1] <= 0.0}
 
 
 def summarize(scores: dict[str, dict], floor: dict[str, dict], order: list[str], is_reference: bool) -> dict:
@@ -307,16 +320,9 @@ def summarize(scores: dict[str, dict], floor: dict[str, dict], order: list[str],
         "gpt_teacher_forced": {k: ci(pool(scores["gpt_teacher_forced"], order, k)) for k in GPT_METRICS},
         "end_to_end": e2e, "per_sentence": per_sentence,
     }
-    # within the noise floor: the paired MCD gap to FP32's own seed spread is not above zero
     pairs = [(per_sentence[r]["dtw_mcd_db"], floor[r]["dtw_mcd_db"]) for r in order
              if per_sentence[r]["dtw_mcd_db"] is not None and floor[r]["dtw_mcd_db"] is not None]
-    if is_reference or not pairs:
-        res["within_noise_floor"] = is_reference
-    else:
-        diff = metrics.bootstrap_diff_ci([a for a, _ in pairs], [b for _, b in pairs])
-        res["gap_vs_noise_floor_db"] = {"mean": diff[0], "lo": diff[1], "hi": diff[2]}
-        res["within_noise_floor"] = diff[1] <= 0.0
-    return res
+    return {**res, **floor_verdict(pairs, is_reference)}
 
 
 def _merge(parts: list[dict]) -> dict:
@@ -387,7 +393,7 @@ def run_evaluation(cfg: EvalConfig, progress: Callable[[str, int, int], None] | 
         return None, None
     sharded_wall = time.perf_counter() - t0
     floor = _merge([p["floor"] for p in parts])
-    floor_ci = {k: ci(pool(floor, order, k)) for k in ("dtw_mcd_db", "duration_ratio")}
+    floor_ci = floor_cis(floor, order)
     results: dict[str, dict] = {}
     for i, run in enumerate(runs):  # timed on rank 0 alone, after every rank is done
         if progress:

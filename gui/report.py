@@ -34,7 +34,7 @@ def build_report(job, results: list[dict], floor: dict | None) -> tuple[dict, di
     import torch
 
     from evaluation import metrics
-    from evaluation.runner import ci
+    from evaluation.runner import ci, floor_verdict
 
     ref = next((r for r in results if r["name"] == "fp32"), None)
     precisions = {}
@@ -59,13 +59,8 @@ def build_report(job, results: list[dict], floor: dict | None) -> tuple[dict, di
             "per_sentence": per_sentence,
         }
         floor_mcd = (floor or {}).get("per", {}).get(RID)
-        if r["name"] == "fp32" or r["mcd_db"] is None or floor_mcd is None:
-            res["within_noise_floor"] = r["name"] == "fp32"
-        else:
-            diff = metrics.bootstrap_diff_ci([r["mcd_db"]], [floor_mcd])
-            res["gap_vs_noise_floor_db"] = {"mean": diff[0], "lo": diff[1], "hi": diff[2]}
-            res["within_noise_floor"] = diff[1] <= 0.0
-        precisions[r["name"]] = res
+        pairs = [(r["mcd_db"], floor_mcd)] if r["mcd_db"] is not None and floor_mcd is not None else []
+        precisions[r["name"]] = {**res, **floor_verdict(pairs, r["name"] == "fp32")}
     device = results[0]["device"] if results else job.device
     report = {
         "schema": "ttsq-eval/1",

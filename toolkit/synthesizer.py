@@ -31,8 +31,8 @@ class OutOfMemory(RuntimeError):
     """The device ran out of memory; the synthesizer has released its buffers and serves the next request."""
 
 
-def _is_out_of_memory(e: BaseException) -> bool:
-    return isinstance(e, torch.OutOfMemoryError) or (isinstance(e, RuntimeError) and "can't allocate memory" in str(e))
+def _is_out_of_memory(e: RuntimeError) -> bool:  # CUDA raises OutOfMemoryError, the CPU allocator a RuntimeError
+    return isinstance(e, torch.OutOfMemoryError) or "can't allocate memory" in str(e)
 
 
 @dataclass
@@ -129,7 +129,7 @@ class Synthesizer:
         """Turns an allocation failure into OutOfMemory after freeing what the failed request held."""
         try:
             yield
-        except (torch.OutOfMemoryError, RuntimeError) as e:
+        except RuntimeError as e:  # torch.OutOfMemoryError is one
             if not _is_out_of_memory(e):
                 raise
             self.engine.release()

@@ -56,15 +56,16 @@ def calibrate(model: TTSModel, recipe: Recipe, calib: CalibrationData, names: li
     plan.alphas = where_it_helps(model, recipe, calib, names, reference,
                                  lambda: activation_aware_scale(model, recipe, record_inputs(model, calib, names)))
     mods = dict(model.named_modules())
-    unclipped = {n: mods[n].weight.detach().clone() for n in names}
+    unclipped = {}
 
     def clip():
         ratios = search_clipping(model, recipe, record_inputs(model, calib, names))
+        unclipped.update({n: mods[n].weight.detach().clone() for n in ratios})
         clip_weights(model, recipe, ratios)
         return ratios
     ratios = where_it_helps(model, recipe, calib, names, reference, clip)
     plan.clipped = {n: round(float(r.mean()), 4) for n, r in ratios.items()}
-    return {n: w for n, w in unclipped.items() if n in ratios}
+    return {n: unclipped[n] for n in ratios}
 
 
 def quantize(model: TTSModel, precision: str, *, device: torch.device | str | None = None,
