@@ -38,7 +38,7 @@ def cmd_synth(a) -> int:
     from . import SamplingParams, Synthesizer
     from .audio import write_wav
 
-    synth = Synthesizer(a.model, a.device, a.precision)
+    synth = Synthesizer(a.model, a.device, a.precision, compile=a.compile)
     params = SamplingParams(temperature=a.temperature, top_p=a.top_p, top_k=a.top_k, max_new_tokens=a.max_steps)
     utt = synth.synthesize(text, speaker=a.speaker, seed=a.seed, params=params, batch_size=a.batch_size,
                            control_tokens=a.control_tokens, progress=_progress_bar("sentences"))[0]
@@ -144,7 +144,7 @@ def cmd_bench(a) -> int:
     if out.with_suffix(".json").exists() and not a.force:
         raise FileExistsError(f"{out.with_suffix('.json')} already exists; pass --force to replace it, or another --out")
     cfg = BenchConfig([p for p in a.precisions.split(",") if p], [int(b) for b in a.batches.split(",")], a.steps,
-                      a.device, a.dims, a.repeats, chattts_python=a.chattts_python)
+                      a.device, a.dims, a.repeats, chattts_python=a.chattts_python, compile=a.compile)
     report = run_bench(cfg, progress=lambda m: print(m, file=sys.stderr, flush=True))
     report["command"] = "ttsq bench " + " ".join(sys.argv[2:])
     table = markdown(report)
@@ -184,6 +184,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--batch-size", type=int, default=8, help="sentences per batch")
     s.add_argument("--control-tokens", action="store_true",
                    help="read [laugh], [uv_break], [speed_N], ... in the text as ChatTTS controls (default: as text)")
+    s.add_argument("--compile", action="store_true",
+                   help="torch.compile the decode step: faster per step on a GPU, after a compile at the start")
     s.add_argument("--force", action="store_true", help="overwrite an existing output file")
     s.set_defaults(func=cmd_synth)
 
@@ -224,6 +226,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--repeats", type=int, default=3, help="timed runs per figure (medians)")
     s.add_argument("--chattts-python", help="a Python that can `import ChatTTS` (e.g. a venv made by "
                    "tests/fixtures/make_refenv.sh); without it the chattts side is skipped")
+    s.add_argument("--compile", action="store_true", help="torch.compile ttsq's decode step under its CUDA graphs "
+                   "(the fast GPU path; compile time is excluded from the timings)")
     s.add_argument("--out", default="benchmarks/results/bench", help="writes OUT.json and OUT.md")
     s.add_argument("--force", action="store_true", help="replace existing results")
     s.set_defaults(func=cmd_bench)

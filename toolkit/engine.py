@@ -2,19 +2,27 @@
 
 Every step reads and writes only fixed device buffers (`DecodeState`), with the step counter on the device,
 so on CUDA one step is captured once as a CUDA graph per (batch, cache length, sampling settings) and replayed.
-Sampling stays on the device; the host looks at the EOS flags only once per chunk of `chunk` steps."""
+Sampling stays on the device; the host looks at the EOS flags only once per chunk of `chunk` steps.
+
+With `compile=True` the transformer block and the sampler are torch.compile'd (regional compilation: one compiled
+block serves all layers) before capture, so a step is a few fused kernels per layer instead of dozens: at batch 1
+the step is bound by kernel launches, not bytes."""
 from __future__ import annotations
 
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Callable, Iterator
 
 import torch
 from torch import Tensor
 
-from .models.gpt import GPT
-from .sampling import SamplingParams, draw, process_logits
+from .models.gpt import GPT, call_block
+from .sampling import SamplingParams, sample_codes
 
 CACHE_BUCKET = 256  # cache lengths are rounded up to this, so new lengths rarely reallocate or recapture
+# captured graphs (or CPU step buffers) kept, least recently used dropped: a server that varies sampling settings
+# per request would otherwise hold a graph, and its buffers, for every combination it ever saw
+MAX_GRAPHS = 32
 
 
 @dataclass
@@ -55,12 +63,21 @@ class DecodeState:
 
 
 class Engine:
-    def __init__(self, gpt: GPT, chunk: int = 16, cuda_graphs: bool = True):
+    def __init__(self, gpt: GPT, chunk: int = 16, cuda_graphs: bool = True, compile: bool = False):
         self.gpt = gpt
         self.chunk = chunk
         self.cuda_graphs = cuda_graphs
-        self._graphs: dict[tuple, tuple[torch.cuda.CUDAGraph, DecodeState]] = {}
-        self._states: dict[tuple, DecodeState] = {}
+        self.compile = compile
+        self._run_block, self._sample = call_block, sample_codes
+        if compile:
+            import torch._dynamo
+            # one entry per precision x (static, then dynamic) shapes; the default 8 would fall back to eager silently
+            torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
+            # dynamic: batch and cache length change without a recompile (only batch 1 is specialised)
+            self._run_block = torch.compile(call_block, fullgraph=True, dynamic=True)
+            self._sample = torch.compile(sample_codes, fullgraph=True)
+        self._graphs: OrderedDict[tuple, tuple[torch.cuda.CUDAGraph, DecodeState]] = OrderedDict()
+        self._states: OrderedDict[tuple, DecodeState] = OrderedDict()
 
     def release(self) -> None:
         """Drop the KV cache, step buffers and graphs (after an out-of-memory error); the next call reallocates."""
@@ -106,10 +123,8 @@ class Engine:
         B, Q, V = s.h.shape[0], cfg.num_vq, cfg.num_audio_tokens
         i = s.step
         j = (i % self.chunk).view(1)
-        logits = process_logits(gpt.code_logits(s.h).view(B * Q, V), s.history, p, s.temperature)
-        eos = logits[:, cfg.eos_code]
-        logits[:, cfg.eos_code] = torch.where(i < s.min_new, torch.full_like(eos, float("-inf")), eos)
-        ids = draw(logits, s.noise.index_select(0, j)[0])  # (B * Q,)
+        ids = self._sample(gpt.code_logits(s.h).view(B * Q, V), s.history, s.temperature,
+                           s.noise.index_select(0, j)[0], i, s.min_new, p, cfg.eos_code)  # (B * Q,)
         s.history.index_copy_(1, (i % p.penalty_window).view(1), ids[:, None])
         ids = ids.view(B, Q)
         s.hidden.index_copy_(1, j, s.h[:, None])
@@ -117,7 +132,7 @@ class Engine:
         s.finished |= (ids == cfg.eos_code).any(-1)
         s.lengths += ~s.finished
         x = gpt.embed_codes(ids)[:, None].to(s.h.dtype)
-        s.h.copy_(gpt(x, (s.prompt_len + i).view(1), s.rope_base + i)[:, 0])
+        s.h.copy_(gpt(x, (s.prompt_len + i).view(1), s.rope_base + i, self._run_block)[:, 0])
         s.step += 1
 
     def _runner(self, B: int, p: SamplingParams, dtype, device,
@@ -134,24 +149,31 @@ class Engine:
         cfg = self.gpt.cfg
         key = (B, self.gpt.cache_shape, dtype, p.top_p, p.top_k, p.repetition_penalty, p.penalty_window, p.min_keep)
         use_graph = self.cuda_graphs and device.type == "cuda"
-        if not use_graph:
-            state = self._states.get(key) or self._states.setdefault(
-                key, DecodeState(B, cfg.hidden, cfg.num_vq, cfg.num_audio_tokens, p.penalty_window, self.chunk, dtype, device))
-            return (lambda: self._step(state, p)), state
-        if key not in self._graphs:
+        kept = self._graphs if use_graph else self._states
+        if key not in kept:
             state = DecodeState(B, cfg.hidden, cfg.num_vq, cfg.num_audio_tokens, p.penalty_window, self.chunk, dtype, device)
-            side = torch.cuda.Stream(device)
-            side.wait_stream(torch.cuda.current_stream(device))
-            with torch.cuda.stream(side):
-                for _ in range(2):  # warm-up outside the graph (lazy inits, cuBLAS workspaces)
-                    self._step(state, p)
-            torch.cuda.current_stream(device).wait_stream(side)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
-                self._step(state, p)
-            self._graphs[key] = (graph, state)
-        graph, state = self._graphs[key]
+            kept[key] = self._capture(state, p) if use_graph else state
+            while len(kept) > MAX_GRAPHS:
+                kept.popitem(last=False)
+        kept.move_to_end(key)
+        if not use_graph:
+            state = kept[key]
+            return (lambda: self._step(state, p)), state
+        graph, state = kept[key]
         return graph.replay, state
+
+    def _capture(self, state: DecodeState, p: SamplingParams) -> tuple[torch.cuda.CUDAGraph, DecodeState]:
+        device = state.h.device
+        side = torch.cuda.Stream(device)
+        side.wait_stream(torch.cuda.current_stream(device))
+        with torch.cuda.stream(side):
+            for _ in range(2):  # warm-up outside the graph (lazy inits, cuBLAS workspaces, compilation)
+                self._step(state, p)
+        torch.cuda.current_stream(device).wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            self._step(state, p)
+        return graph, state
 
     @torch.inference_mode()
     def stream(self, emb: Tensor, valid: Tensor, params: SamplingParams, seed: int = 0,

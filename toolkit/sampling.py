@@ -34,3 +34,12 @@ def draw(logits: Tensor, noise: Tensor) -> Tensor:
     """Categorical sample without a host sync: argmax(p / E) with E ~ Exp(1) is distributed as p.
     The noise (N, V) is drawn ahead from a seeded generator, so results depend only on the seed."""
     return (logits.softmax(-1) / noise).argmax(-1)
+
+
+def sample_codes(logits: Tensor, history: Tensor, temperature: Tensor, noise: Tensor, step: Tensor, min_new: Tensor,
+                 p: SamplingParams, eos_code: int) -> Tensor:
+    """One decode step's draw: logits (N, V) float32 -> ids (N,); EOS is barred while step < min_new."""
+    logits = process_logits(logits, history, p, temperature)
+    eos = logits[:, eos_code]
+    logits[:, eos_code] = torch.where(step < min_new, torch.full_like(eos, float("-inf")), eos)
+    return draw(logits, noise)

@@ -4,6 +4,8 @@ Shapes: B batch, T new positions, S cache length, D hidden, H heads, K head dim,
 """
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -89,6 +91,15 @@ class Block(nn.Module):
         return x + self.feed_forward(self.ffn_norm(x))
 
 
+def call_block(block: Block, x: Tensor, cos: Tensor, sin: Tensor, mask: Tensor, input_pos: Tensor,
+               use_cache: bool) -> Tensor:
+    """A block call as a plain function: compiled once, it serves every layer (same code, same shapes)."""
+    return block(x, cos, sin, mask, input_pos, use_cache)
+
+
+BlockRunner = Callable[[Block, Tensor, Tensor, Tensor, Tensor, Tensor, bool], Tensor]
+
+
 class GPT(nn.Module):
     def __init__(self, cfg: GPTConfig):
         super().__init__()
@@ -137,18 +148,20 @@ class GPT(nn.Module):
         return self.head_text(h).float()
 
     # --- backbone -----------------------------------------------------------------------------
-    def forward(self, x: Tensor, input_pos: Tensor, rope_pos: Tensor) -> Tensor:
+    def forward(self, x: Tensor, input_pos: Tensor, rope_pos: Tensor, run_block: BlockRunner | None = None) -> Tensor:
         """Cached step or prefill. x (B, T, D) input embeddings, input_pos (T,) cache slots, rope_pos (B, T)
-        -> final-norm hidden (B, T, D). Keys are the whole cache (a static shape); `key_valid` marks real ones."""
+        -> final-norm hidden (B, T, D). Keys are the whole cache (a static shape); `key_valid` marks real ones.
+        `run_block` replaces the plain call of each block (the engine passes a torch.compile'd one)."""
         B = x.shape[0]
-        return self._run(x, input_pos, rope_pos, self.key_valid[:B], use_cache=True)
+        return self._run(x, input_pos, rope_pos, self.key_valid[:B], use_cache=True, run_block=run_block)
 
     def forward_full(self, x: Tensor, valid: Tensor) -> Tensor:
         """Teacher forcing without the cache: x (B, T, D), valid (B, T) non-padding -> hidden (B, T, D)."""
         rope = (valid.long().cumsum(1) - 1).clamp(min=0)
         return self._run(x, torch.arange(x.shape[1], device=x.device), rope, valid, use_cache=False)
 
-    def _run(self, x: Tensor, input_pos: Tensor, rope_pos: Tensor, key_valid: Tensor, use_cache: bool) -> Tensor:
+    def _run(self, x: Tensor, input_pos: Tensor, rope_pos: Tensor, key_valid: Tensor, use_cache: bool,
+             run_block: BlockRunner | None = None) -> Tensor:
         angles = rope_pos[..., None].float() * self.inv_freq  # (B, T, K/2)
         angles = torch.cat((angles, angles), dim=-1)[:, None]  # (B, 1, T, K)
         cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
@@ -156,6 +169,7 @@ class GPT(nn.Module):
         causal = slots[None, :] <= input_pos[:, None]  # (T, S)
         itself = slots[None, :] == input_pos[:, None]  # a padded query still sees itself: no empty softmax rows
         mask = (key_valid[:, None, None, :] & causal) | itself  # (B, 1, T, S)
+        run_block = run_block or call_block
         for layer in self.layers:
-            x = layer(x, cos, sin, mask, input_pos, use_cache)
+            x = run_block(layer, x, cos, sin, mask, input_pos, use_cache)
         return self.norm(x)
