@@ -523,6 +523,37 @@ def export(args) -> Path:
     return out
 
 
+ENCODER_FILE = "dvae_encoder.safetensors"  # committed beside the model card: the GPT's codes come from it
+
+
+def save_encoder(resume: Path, folder: Path) -> Path:
+    """The DVAE encoder of a run, in fp16 (4 MB): with the shipped voice it is all a later run needs to resume."""
+    from safetensors.torch import save_file
+    state = sub_state(load_state(resume, "dvae")[0], "enc.")
+    out = Path(folder) / ENCODER_FILE
+    save_file({k: v.half().contiguous() for k, v in state.items()}, str(out))
+    return out
+
+
+def checkpoints_from_voice(model_dir: Path, encoder: Path, out: Path) -> None:
+    """Rebuild a run's gpt/dvae/vocos checkpoints from a ttsq voice folder and its DVAE encoder, so that training
+    resumes from the shipped voice (run checkpoints are not kept in the repository)."""
+    from safetensors.torch import load_file
+
+    from ..checkpoint import load_ttsq
+    model = load_ttsq(Path(model_dir))
+    voice = json.loads((Path(model_dir) / "manifest.json").read_text()).get("voice", {})
+    steps = voice.get("trained_steps", {})
+    table = torch.stack([model.voices[name] for name in voice["speakers"]])
+    save_state(out, "gpt", {**{f"gpt.{k}": v for k, v in model.gpt.state_dict().items()},
+                            **{f"decoder.{k}": v for k, v in model.decoder.state_dict().items()}, "spk_table": table},
+               {"step": steps.get("gpt", 0), "from": str(model_dir)})
+    save_state(out, "dvae", {**{f"enc.{k}": v.float() for k, v in load_file(str(encoder)).items()},
+                             **{f"dec.{k}": v for k, v in model.dvae.state_dict().items()}},
+               {"step": steps.get("dvae", 0), "from": str(model_dir)})
+    save_state(out, "vocos", model.vocos.state_dict(), {"step": steps.get("vocos", 0), "from": str(model_dir)})
+
+
 # --- main ----------------------------------------------------------------------------------------
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -556,6 +587,11 @@ def main(argv=None):
     ap.add_argument("--probe", action="store_true", help="free-running generation check at the end")
     ap.add_argument("--smoke", action="store_true", help="tiny corpus + tiny model on CPU, a few steps")
     ap.add_argument("--export", type=Path, default=None, help="write a ttsq model folder from --resume")
+    ap.add_argument("--encoder-to", type=Path, default=None,
+                    help="with --export: also write the run's DVAE encoder (fp16) into this folder")
+    ap.add_argument("--from-voice", type=Path, default=None, help="write --out's gpt/dvae/vocos checkpoints from "
+                    "this ttsq voice folder and the DVAE encoder beside its model card (--encoder), then stop")
+    ap.add_argument("--encoder", type=Path, default=Path("docs/voice") / ENCODER_FILE)
     args = ap.parse_args(argv)
 
     if args.smoke:
@@ -569,8 +605,13 @@ def main(argv=None):
             build(args.out / "corpus", n_train=10, n_heldout=2, seed=args.seed, workers=2, vocoder_seconds=5)
             args.data = args.out / "corpus" / "pack"
         torch.set_num_threads(min(4, os.cpu_count() or 1))
+    if args.from_voice:
+        return checkpoints_from_voice(args.from_voice, args.encoder, args.out)
     if args.export and not args.stages.strip():
-        return export(args)
+        out = export(args)
+        if args.encoder_to:
+            save_encoder(args.resume, args.encoder_to)
+        return out
     if args.data is None:
         raise SystemExit("--data is required (build one with python -m toolkit.voice.corpus --out DIR)")
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
