@@ -103,3 +103,38 @@ def test_shipped_voice_speaks_english_and_mandarin():
     for u in out:
         assert np.isfinite(u.wav).all() and u.wav.size > 0.2 * u.sample_rate
         assert np.abs(u.wav).max() > 1e-3
+
+
+@needs_espeak
+@pytest.mark.skipif(not (SHIPPED / "manifest.json").is_file(), reason="no shipped voice")
+def test_gpt_resumes_from_the_shipped_voice_on_a_codes_pack(tmp_path):
+    """The path of the next voice run: a corpus that stores the voice's DVAE codes (not mels), checkpoints rebuilt
+    from the shipped voice, and GPT training that resumes from them with mel targets decoded from the codes."""
+    import json
+
+    import torch
+
+    from toolkit.checkpoint import load_ttsq
+    from toolkit.voice.corpus import build, load_pack
+    from toolkit.voice.train import Data, checkpoints_from_voice, load_state, main, sub_state
+
+    encoder = SHIPPED.parents[2] / "docs" / "voice" / "dvae_encoder.safetensors"
+    info = build(tmp_path / "corpus", n_train=12, n_heldout=2, seed=0, workers=2, vocoder_seconds=0,
+                 codes_from=SHIPPED, encoder=encoder)
+    pack = load_pack(tmp_path / "corpus" / "pack")
+    assert info["content"] == "codes" and pack["codes"].shape[1] == 4 and 0 <= pack["codes"].min()
+    assert pack["codes"].max() < 625 and len(pack["codes_off"]) == info["utterances"] + 1
+    assert (tmp_path / "corpus" / "pack" / "tokenizer.json").read_text() == (SHIPPED / "tokenizer.json").read_text()
+    with pytest.raises(ValueError, match="codes, not mels"):
+        Data(pack, torch.device("cpu")).mel(0)
+
+    checkpoints_from_voice(SHIPPED, encoder, tmp_path / "ckpt")
+    shipped = load_ttsq(SHIPPED)
+    rebuilt = sub_state(load_state(tmp_path / "ckpt", "gpt")[0], "gpt.")
+    for k, v in shipped.gpt.state_dict().items():
+        torch.testing.assert_close(rebuilt[k], v, rtol=1e-3, atol=1e-3)  # stored in fp16
+    main(["--data", str(tmp_path / "corpus" / "pack"), "--resume", str(tmp_path / "ckpt"), "--stages", "gpt",
+          "--out", str(tmp_path / "run"), "--gpt-steps", "1", "--gpt-batch", "4", "--device", "cpu",
+          "--save-every", "0"])
+    step = json.loads((SHIPPED / "manifest.json").read_text())["voice"]["trained_steps"]["gpt"]
+    assert json.loads((tmp_path / "run" / "gpt.json").read_text())["step"] == step + 1

@@ -9,6 +9,7 @@ block serves all layers) before capture, so a step is a few fused kernels per la
 the step is bound by kernel launches, not bytes."""
 from __future__ import annotations
 
+import warnings
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Callable, Iterator
@@ -152,7 +153,16 @@ class Engine:
         kept = self._graphs if use_graph else self._states
         if key not in kept:
             state = DecodeState(B, cfg.hidden, cfg.num_vq, cfg.num_audio_tokens, p.penalty_window, self.chunk, dtype, device)
-            kept[key] = self._capture(state, p) if use_graph else state
+            try:
+                kept[key] = self._capture(state, p) if use_graph else state
+            except RuntimeError as e:  # some kernels cannot be captured (torchao's w8a8 on the H200 is one)
+                if not use_graph or "captur" not in str(e).lower():
+                    raise
+                warnings.warn(f"this model's decode step cannot be captured in a CUDA graph ({str(e).strip()[:160]}); "
+                              "decoding without graphs from now on, more slowly", RuntimeWarning, stacklevel=4)
+                self.cuda_graphs = False
+                torch.cuda.synchronize(device)
+                return self._make_runner(B, p, dtype, device)
             while len(kept) > MAX_GRAPHS:
                 kept.popitem(last=False)
         kept.move_to_end(key)

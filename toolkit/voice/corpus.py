@@ -17,6 +17,10 @@ DIR gets:
     mel.u8.xz          uint8-quantised log-mel (frames x 100), delta-coded along time, lzma
     wav.i16.xz         int16 PCM of a subset (for the vocoder), delta-coded, lzma
     pack.json          speakers, quantisation range, sizes
+With --codes-from VOICE (a trained ttsq voice folder, whose tokenizer is reused, and its DVAE encoder) the pack holds
+the DVAE codes of every training utterance (codes, codes_off in index.npz; int16, 4 per step) instead of mels and
+PCM: about 25x smaller, so a 10-20x larger corpus still travels to the GPU, where the GPT resumes from that voice
+(train.py decodes its mel targets from the codes).
 The corpus is generated, never committed.
 """
 from __future__ import annotations
@@ -274,7 +278,7 @@ def save_pack(folder: Path, **arrays) -> None:
     import lzma
 
     mel, wav = arrays.pop("mel"), arrays.pop("wav")
-    np.savez(folder / "index.npz", mel_shape=np.array(mel.shape), wav_len=np.array([len(wav)]), **arrays)
+    np.savez_compressed(folder / "index.npz", mel_shape=np.array(mel.shape), wav_len=np.array([len(wav)]), **arrays)
     dm = np.diff(mel.astype(np.int16), axis=0, prepend=np.zeros((1, mel.shape[1]), np.int16)).astype(np.uint8)
     (folder / "mel.u8.xz").write_bytes(lzma.compress(dm.tobytes(), preset=6))
     dw = np.diff(wav.astype(np.int32), prepend=0).astype(np.int16)  # wraps mod 2^16, undone by cumsum
@@ -296,7 +300,27 @@ def load_pack(folder: Path) -> dict:
     return idx
 
 
-def build(out: Path, n_train: int, n_heldout: int, seed: int, workers: int, vocoder_seconds: float) -> dict:
+def code_encoder(voice: Path, encoder: Path, vocab: int):
+    """-> f(mel (1, 100, F)) -> codes (F // 2, 4) int16, with the DVAE encoder the voice's GPT was trained on."""
+    import torch
+    from safetensors.torch import load_file
+
+    from .train import DVAEEncoder, codes_from_digits, quantise, voice_config
+    cfg = voice_config(vocab)
+    enc = DVAEEncoder(cfg)
+    enc.load_state_dict({k: v.float() for k, v in load_file(str(encoder)).items()})
+    enc.eval()
+
+    @torch.no_grad()
+    def encode(mel):
+        F = mel.shape[-1] // 2 * 2
+        _, digits = quantise(enc(mel[..., :F]), cfg.gfsq.residuals)
+        return codes_from_digits(digits)[0].numpy().astype(np.int16)
+    return encode
+
+
+def build(out: Path, n_train: int, n_heldout: int, seed: int, workers: int, vocoder_seconds: float,
+          codes_from: Path | None = None, encoder: Path | None = None) -> dict:
     import soundfile as sf
     import torch
 
@@ -325,11 +349,23 @@ def build(out: Path, n_train: int, n_heldout: int, seed: int, workers: int, voco
     items = [items[i] for i in keep]
     wavs = [wavs[i] for i in keep]
     inventory = "".join(sorted({c for it in items for c in it["phonemes"]}))
-    tok = build_char_tokenizer(inventory, out / "tokenizer.json")
+    encode = None
+    if codes_from is not None:  # the voice's own tokenizer: the resumed GPT's text ids must not move
+        import shutil
+        shutil.copyfile(Path(codes_from) / "tokenizer.json", out / "tokenizer.json")
+        from ..models.tokenizer import Tokenizer
+        tok = Tokenizer(out / "tokenizer.json")
+        unknown = sorted({c for c in inventory if not tok.has(c) and not c.isspace()})
+        if unknown:
+            print(f"phoneme symbols the voice's tokenizer lacks (read as unknown): {' '.join(unknown)}", flush=True)
+        encode = code_encoder(codes_from, encoder, tok.vocab_size)
+        vocoder_seconds = 0.0
+    else:
+        tok = build_char_tokenizer(inventory, out / "tokenizer.json")
     from ..text import prompt_text
 
     logmel = LogMel(VocosConfig())
-    mels, ids, spk, lang, wav_utt, wav_parts = [], [], [], [], [], []
+    mels, codes, frames, ids, spk, lang, wav_utt, wav_parts = [], [], [], [], [], [], [], []
     spk_names = list(SPEAKERS)
     r = random.Random(seed + 1)
     train_idx = [i for i, it in enumerate(items) if it["split"] == "train"]
@@ -348,27 +384,38 @@ def build(out: Path, n_train: int, n_heldout: int, seed: int, workers: int, voco
                 sf.write(out / "heldout" / f"{it['id']}.wav", w, SR, subtype="PCM_16")
                 continue
             with torch.no_grad():
-                mel = logmel(torch.from_numpy(w)[None])[0].T.numpy()  # (F, 100)
-            mels.append(quantise_mel(mel))
+                mel = logmel(torch.from_numpy(w)[None])  # (1, 100, F)
+            if encode is not None:  # through the uint8 round trip, as the encoder saw mels in training
+                mel_q = dequantise_mel(quantise_mel(mel[0].T.numpy()))
+                codes.append(encode(torch.from_numpy(mel_q).T[None]))
+                frames.append(2 * len(codes[-1]))
+            else:
+                mels.append(quantise_mel(mel[0].T.numpy()))
+                frames.append(len(mels[-1]))
             enc, _ = tok.encode([prompt_text(it["phonemes"], tok.has)])
             ids.append(enc[0].numpy().astype(np.int16))
             spk.append(spk_names.index(it["speaker"]))
             lang.append(0 if it["lang"] == "en" else 1)
             if i in voc_set:
-                wav_utt.append(len(mels) - 1)
+                wav_utt.append(len(frames) - 1)
                 wav_parts.append(np.clip(np.round(w * 32767), -32768, 32767).astype(np.int16))
 
     def cat(parts, dtype):
         off = np.cumsum([0] + [len(p) for p in parts]).astype(np.int64)
         return np.concatenate(parts).astype(dtype), off
 
-    mel_all, mel_off = cat(mels, np.uint8)
+    mel_off = np.cumsum([0] + frames).astype(np.int64)  # frame offsets, also in a codes pack (no mel rows there)
+    mel_all = np.concatenate(mels) if mels else np.zeros((0, VocosConfig().n_mels), np.uint8)
+    extra = {}
+    if codes:
+        extra["codes"], extra["codes_off"] = cat(codes, np.int16)
     ids_all, ids_off = cat(ids, np.int16)
-    wav_all, wav_off = cat(wav_parts, np.int16)
+    wav_all, wav_off = cat(wav_parts or [np.zeros(0, np.int16)], np.int16)
     save_pack(out / "pack", mel=mel_all, mel_off=mel_off, ids=ids_all, ids_off=ids_off,
               spk=np.array(spk, np.int16), lang=np.array(lang, np.int8), wav=wav_all, wav_off=wav_off,
-              wav_utt=np.array(wav_utt, np.int32))
-    info = {"speakers": spk_names, "mel_range": [MEL_LO, MEL_HI], "sample_rate": SR, "utterances": len(mels),
+              wav_utt=np.array(wav_utt, np.int32), **extra)
+    info = {"speakers": spk_names, "mel_range": [MEL_LO, MEL_HI], "sample_rate": SR, "utterances": len(frames),
+            "content": "codes" if codes else "mel",
             "heldout": sum(it["split"] == "heldout" for it in items), "vocab_size": tok.vocab_size,
             "train_seconds": round(float(mel_off[-1]) * 256 / SR, 1), "vocoder_seconds": round(len(wav_all) / SR, 1),
             "pack_bytes": sum(f.stat().st_size for f in (out / "pack").iterdir()), "seed": seed, "build_seconds": round(time.time() - t0, 1)}
@@ -387,8 +434,12 @@ def main(argv=None):
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--vocoder-seconds", type=float, default=200.0, help="seconds of PCM kept for the vocoder")
+    ap.add_argument("--codes-from", type=Path, default=None,
+                    help="a trained voice folder: store its DVAE codes instead of mels (and reuse its tokenizer)")
+    ap.add_argument("--encoder", type=Path, default=Path("docs/voice/dvae_encoder.safetensors"),
+                    help="with --codes-from: the DVAE encoder the voice was trained with")
     a = ap.parse_args(argv)
-    build(a.out, a.train, a.heldout, a.seed, a.workers, a.vocoder_seconds)
+    build(a.out, a.train, a.heldout, a.seed, a.workers, a.vocoder_seconds, a.codes_from, a.encoder)
 
 
 if __name__ == "__main__":

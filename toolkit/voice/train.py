@@ -105,8 +105,15 @@ class Data:
         self.frames = np.diff(self.mel_off)
         self.steps = self.frames // 2
         self.device = device
+        self.codes = None  # a codes pack (corpus --codes-from): (steps, Q) per utterance, no mels
+        if "codes" in pack:
+            c, off = torch.from_numpy(pack["codes"].astype(np.int64)), pack["codes_off"]
+            self.codes = [c[off[i]: off[i + 1]] for i in range(self.n)]
 
     def mel(self, i: int) -> Tensor:
+        if self.codes is not None:
+            raise ValueError("this pack holds DVAE codes, not mels: only the gpt stage trains on it "
+                             "(with --resume from a run or --from-voice checkpoints that have the DVAE)")
         q = self.mel_q[self.mel_off[i]: self.mel_off[i + 1]].float()
         return (q / 255.0 * (MEL_HI - MEL_LO) + MEL_LO).T  # (100, F)
 
@@ -376,7 +383,20 @@ def build_batch(gpt: GPT, spk_table: nn.Parameter, data: Data, codes: list[Tenso
     return x, tgt, T.to(device), N.to(device), L
 
 
-def train_gpt(cfg: ModelConfig, data: Data, codes: list[Tensor], args, device, log, spk_id: int):
+@torch.no_grad()
+def code_mel_batch(dec: DVAEDecoder, codes: list[Tensor], idx, device) -> tuple[Tensor, Tensor]:
+    """Mel targets decoded from codes by the DVAE decoder (a codes pack has no mels): (B, 100, 2N), mask (B, 2N)."""
+    n = [len(codes[i]) for i in idx]
+    batch = torch.zeros(len(idx), max(n), codes[idx[0]].shape[-1], dtype=torch.long)
+    for j, i in enumerate(idx):
+        batch[j, : n[j]] = codes[i]
+    mel = dec(batch.transpose(1, 2).to(device)).float()
+    mask = torch.arange(mel.shape[-1], device=device)[None] < 2 * torch.tensor(n, device=device)[:, None]
+    return mel, mask
+
+
+def train_gpt(cfg: ModelConfig, data: Data, codes: list[Tensor], args, device, log, spk_id: int,
+              dvae_dec: DVAEDecoder | None = None):
     torch.manual_seed(args.seed + 2)
     g = np.random.default_rng(args.seed + 2)
     gpt = GPT(cfg.gpt).to(device)
@@ -429,7 +449,7 @@ def train_gpt(cfg: ModelConfig, data: Data, codes: list[Tensor], args, device, l
             hid = torch.gather(h, 1, pos[..., None].expand(-1, -1, h.shape[-1]))
             mel_pred = decoder(hid.transpose(1, 2))
             ga = guided.loss(T, N) if args.guided > 0 else torch.zeros((), device=device)
-        mel, mask = mel_batch(data, idx, device)
+        mel, mask = mel_batch(data, idx, device) if data.codes is None else code_mel_batch(dvae_dec, codes, idx, device)
         Fm = min(mel.shape[-1], mel_pred.shape[-1])
         fmask = mask[:, :Fm] & (torch.arange(Fm, device=device)[None] < 2 * N[:, None])
         l1 = ((mel_pred[..., :Fm].float() - mel[..., :Fm]).abs().mean(1) * fmask).sum() / fmask.sum()
@@ -536,8 +556,8 @@ def save_encoder(resume: Path, folder: Path) -> Path:
 
 
 def checkpoints_from_voice(model_dir: Path, encoder: Path, out: Path) -> None:
-    """Rebuild a run's gpt/dvae/vocos checkpoints from a ttsq voice folder and its DVAE encoder, so that training
-    resumes from the shipped voice (run checkpoints are not kept in the repository)."""
+    """Rebuild a run's gpt/dvae/vocos checkpoints (fp16, so they travel light) from a ttsq voice folder and its DVAE
+    encoder, so that training resumes from the shipped voice (run checkpoints are not kept in the repository)."""
     from safetensors.torch import load_file
 
     from ..checkpoint import load_ttsq
@@ -547,11 +567,12 @@ def checkpoints_from_voice(model_dir: Path, encoder: Path, out: Path) -> None:
     table = torch.stack([model.voices[name] for name in voice["speakers"]])
     save_state(out, "gpt", {**{f"gpt.{k}": v for k, v in model.gpt.state_dict().items()},
                             **{f"decoder.{k}": v for k, v in model.decoder.state_dict().items()}, "spk_table": table},
-               {"step": steps.get("gpt", 0), "from": str(model_dir)})
+               {"step": steps.get("gpt", 0), "from": str(model_dir)}, torch.float16)
     save_state(out, "dvae", {**{f"enc.{k}": v.float() for k, v in load_file(str(encoder)).items()},
                              **{f"dec.{k}": v for k, v in model.dvae.state_dict().items()}},
-               {"step": steps.get("dvae", 0), "from": str(model_dir)})
-    save_state(out, "vocos", model.vocos.state_dict(), {"step": steps.get("vocos", 0), "from": str(model_dir)})
+               {"step": steps.get("dvae", 0), "from": str(model_dir)}, torch.float16)
+    save_state(out, "vocos", model.vocos.state_dict(), {"step": steps.get("vocos", 0), "from": str(model_dir)},
+               torch.float16)
 
 
 # --- main ----------------------------------------------------------------------------------------
@@ -659,9 +680,9 @@ def main(argv=None):
         if enc is None:
             raise SystemExit("the gpt stage needs a DVAE: include the dvae stage or --resume a run that has one")
         if "gpt" in stages:
-            codes = encode_all(enc, cfg, data, device)
+            codes = data.codes if data.codes is not None else encode_all(enc, cfg, data, device)
             log("codes", 0, utterances=len(codes), seconds=round(time.time() - t0, 1))
-            gpt, decoder, table = train_gpt(cfg, data, codes, args, device, log, spk_id)
+            gpt, decoder, table = train_gpt(cfg, data, codes, args, device, log, spk_id, dec)
             if args.probe:
                 probe(cfg, gpt, data, codes, table, spk_id, device, log)
     if child is not None:
