@@ -313,3 +313,30 @@ def test_engine_keeps_a_bounded_number_of_step_buffers(tiny_synth):
     assert len(engine._states) == MAX_GRAPHS
     again = engine.generate(emb, valid, SamplingParams(max_new_tokens=8, top_k=1), seed=0)  # rebuilt after eviction
     assert torch.equal(again.codes, first.codes)
+
+
+def test_first_streamed_audio_comes_at_the_earliest_step_it_can(tiny_synth):
+    """The engine hands over the states once the renderer's first samples are final (not at the next multiple of
+    the chunk), and doing so changes no sampled code."""
+    from toolkit.engine import Engine
+    from toolkit.plan import render_stream
+    from toolkit.prompt import encode_prompts
+    from toolkit.streaming import StreamRenderer
+    model = tiny_synth.model
+    emb, valid = encode_prompts(model, ["first audio, as early as it can be."], tiny_synth.speaker_vector(0))
+    params = SamplingParams(max_new_tokens=120, min_new_tokens=120)
+    probe = StreamRenderer(model)
+    k = probe.first_audio_step
+    engine = Engine(model.gpt)
+    assert k % engine.chunk  # the test needs a first audio step inside a chunk
+    plain = engine.generate(emb, valid, params, seed=5)
+    assert probe.push(plain.hidden[0, : k - 1]).size == 0  # one state fewer gives no final sample
+    assert StreamRenderer(model).push(plain.hidden[0, :k]).size > 0
+    chunks = list(engine.stream(emb, valid, params, seed=5, first_yield=k))
+    assert sum(c.hidden.shape[1] for c in chunks if c.start < k) == k and any(c.start + c.hidden.shape[1] == k
+                                                                               for c in chunks)
+    assert torch.equal(torch.cat([c.codes for c in chunks], 1), plain.codes)
+    renderer = StreamRenderer(model)
+    stream = render_stream(iter(chunks), renderer)
+    next(stream)
+    assert renderer.steps == k

@@ -99,7 +99,8 @@ def utterance_timing(model: TTSModel, steps: int, dev: torch.device, *, prompt: 
         _sync(dev)
         wall = time.perf_counter() - t0
         t0 = time.perf_counter()
-        pieces = render_stream(eng.stream(emb, valid, p, seed=r), StreamRenderer(model))
+        renderer = StreamRenderer(model)
+        pieces = render_stream(eng.stream(emb, valid, p, seed=r, first_yield=renderer.first_audio_step), renderer)
         next(pieces)
         first_audio = time.perf_counter() - t0
         pieces.close()

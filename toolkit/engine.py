@@ -187,8 +187,10 @@ class Engine:
 
     @torch.inference_mode()
     def stream(self, emb: Tensor, valid: Tensor, params: SamplingParams, seed: int = 0,
-               should_stop: Callable[[], bool] | None = None) -> Iterator[Chunk]:
-        """emb (B, T, D) prompt embeddings, valid (B, T) non-padding -> chunks of `chunk` steps."""
+               should_stop: Callable[[], bool] | None = None, first_yield: int | None = None) -> Iterator[Chunk]:
+        """emb (B, T, D) prompt embeddings, valid (B, T) non-padding -> chunks of `chunk` steps.
+        first_yield: also hand over the steps so far once `first_yield` steps exist (a streaming renderer's first
+        audio needs that many, not a multiple of `chunk`); sampling is unchanged, since noise is drawn per chunk."""
         gpt, cfg = self.gpt, self.gpt.cfg
         B, T, D = emb.shape
         steps = min(params.max_new_tokens, cfg.max_positions - T)
@@ -203,7 +205,7 @@ class Engine:
         gpt.key_valid[:B].fill_(True)
         gpt.key_valid[:B, :T] = valid
         rope = (valid.long().cumsum(1) - 1).clamp(min=0)
-        s.h.copy_(gpt(emb.to(dtype), torch.arange(T, device=dev), rope)[:, -1])
+        s.h.copy_(gpt(emb.to(dtype), torch.arange(T, device=dev), rope, self._run_block)[:, -1])
         s.step.zero_()
         s.prompt_len.fill_(T)
         s.min_new.fill_(params.min_new_tokens)
@@ -219,12 +221,16 @@ class Engine:
             if gpt.cache_shape[1] < T + start + n:
                 step_fn, s = self._grow(B, T + start + n, params, s)
             s.noise.exponential_(1, generator=gen)
-            for _ in range(n):
-                step_fn()
-            yield Chunk(start, s.hidden[:, :n].clone(), s.codes[:, :n].clone(), s.lengths.clone(), s.finished.clone())
+            done = 0
+            for cut in sorted({first_yield - start, n} if first_yield and 0 < first_yield - start < n else {n}):
+                for _ in range(cut - done):
+                    step_fn()
+                yield Chunk(start + done, s.hidden[:, done:cut].clone(), s.codes[:, done:cut].clone(),
+                            s.lengths.clone(), s.finished.clone())
+                done = cut
+                if bool(s.finished.all()) or (should_stop is not None and should_stop()):  # the one host sync
+                    return
             start += n
-            if bool(s.finished.all()) or (should_stop is not None and should_stop()):  # the one host sync
-                break
 
     def generate(self, emb: Tensor, valid: Tensor, params: SamplingParams, seed: int = 0,
                  should_stop: Callable[[], bool] | None = None) -> Generation:

@@ -34,6 +34,8 @@ class StreamRenderer:
         self.steps = 0
         self.emitted = 0  # samples already returned
         self.window = model.vocos.window.float()
+        # the fewest GPT states after which push() returns samples: ask the engine for them at that point
+        self.first_audio_step = (self.r_dec + self.r_voc + self.n_fft // (2 * self.hop)) // 2 + 1
 
     def push(self, hidden: Tensor) -> np.ndarray:
         if hidden.shape[0]:
@@ -81,5 +83,6 @@ def stream_text(synth, text: str, *, speaker=None, seed: int = 0, params: Sampli
     for i, (_, sentence) in enumerate(sentence_pieces([text], max_chars, control_tokens)):
         with synth.memory_guard(1):
             emb, valid = encode_prompts(synth.model, [sentence], spk)
-            chunks = synth.engine.stream(emb, valid, params, seed=seed + i)
-            yield from render_stream(chunks, StreamRenderer(synth.model))
+            renderer = StreamRenderer(synth.model)
+            chunks = synth.engine.stream(emb, valid, params, seed=seed + i, first_yield=renderer.first_audio_step)
+            yield from render_stream(chunks, renderer)
