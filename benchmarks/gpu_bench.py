@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from toolkit.bench import decode_rate, random_model, utterance_timing  # noqa: E402
+from toolkit.bench import STEPS_PER_S, decode_rate, random_model, utterance_timing  # noqa: E402
 from toolkit.precision import quantize, state_bytes  # noqa: E402
 from toolkit.precision.calibration import relative_error  # noqa: E402
 
@@ -76,7 +76,7 @@ def main():
                 if dev.type == "cuda":
                     torch.cuda.reset_peak_memory_stats(dev)
                 sps = decode_rate(model, b, 235, dev, repeats=1)
-                row[f"audio_s_per_s_gpt_b{b}"] = sps * b / 46.875
+                row[f"audio_s_per_s_gpt_b{b}"] = sps * b / STEPS_PER_S
                 if dev.type == "cuda":
                     row[f"peak_mem_b{b}_bytes"] = torch.cuda.max_memory_allocated(dev)
             del model

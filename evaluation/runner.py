@@ -23,6 +23,7 @@ import numpy as np
 import torch
 
 from toolkit import SamplingParams, Synthesizer, Utterance
+from toolkit.engine import sync_device
 from toolkit.precision import state_bytes
 from toolkit.text import expected_seconds
 from toolkit.textsets import TextRecord, load_text_set, set_hash
@@ -116,11 +117,6 @@ def synthesize_units(run: PrecisionRun, units: list[WorkUnit], by_id: dict[str, 
     return out
 
 
-def _sync(synth: Synthesizer):
-    if synth.device.type == "cuda":
-        torch.cuda.synchronize(synth.device)
-
-
 def measure_performance(run: PrecisionRun, records: list[TextRecord], cfg: EvalConfig,
                         params: SamplingParams) -> dict:
     """Warm-up excluded; medians over repeats, at batch 1, on the first few records."""
@@ -132,16 +128,16 @@ def measure_performance(run: PrecisionRun, records: list[TextRecord], cfg: EvalC
     lat, rtf, sps, first, stage = [], [], [], [], {"gpt": [], "decoder": [], "vocoder": []}
     for _ in range(cfg.repeats):
         for r in probe:
-            _sync(synth)
+            sync_device(synth.device)
             u = synth.synthesize(r.text, speaker=speaker_of(synth, r.speaker), seed=0, params=params, **TEXT_SET)[0]
             t = u.timings
             lat.append(t["total"])
             rtf.append(t["total"] / max(u.duration, 1e-9))
             sps.append(u.steps / max(t["gpt"], 1e-9))
-            _sync(synth)
+            sync_device(synth.device)
             t0 = time.perf_counter()
             for _piece in synth.stream(r.text, speaker=speaker_of(synth, r.speaker), seed=0, params=params, **TEXT_SET):
-                _sync(synth)
+                sync_device(synth.device)
                 first.append(time.perf_counter() - t0)  # streaming: the first audio piece
                 break
             for k in stage:
@@ -150,10 +146,10 @@ def measure_performance(run: PrecisionRun, records: list[TextRecord], cfg: EvalC
     texts = [r.text for r in records]
     for b in cfg.throughput_batches:
         batch = (texts * math.ceil(b / len(texts)))[:b]
-        _sync(synth)
+        sync_device(synth.device)
         t0 = time.perf_counter()
         utts = synth.synthesize(batch, seed=0, params=params, batch_size=b, **TEXT_SET)
-        _sync(synth)
+        sync_device(synth.device)
         wall = time.perf_counter() - t0
         throughput[str(b)] = sum(u.duration for u in utts) / wall
     perf = {

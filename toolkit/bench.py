@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from .engine import Engine
+from .engine import Engine, sync_device
 from .models import ModelConfig, TTSModel, tiny
 from .plan import render_stream
 from .precision import quantize, state_bytes
@@ -56,11 +56,6 @@ def random_model(dims: str, device: torch.device) -> TTSModel:
     return model
 
 
-def _sync(dev: torch.device) -> None:
-    if dev.type == "cuda":
-        torch.cuda.synchronize(dev)
-
-
 def _prompt(model: TTSModel, B: int, T: int, dev: torch.device):
     g = torch.Generator().manual_seed(0)
     emb = (torch.randn(B, T, model.cfg.gpt.hidden, generator=g) * 0.1).to(dev, model.gpt.norm.weight.dtype)
@@ -76,10 +71,10 @@ def decode_rate(model: TTSModel, B: int, steps: int, dev: torch.device, *, graph
     eng.generate(emb, valid, p)
     times = []
     for r in range(repeats):
-        _sync(dev)
+        sync_device(dev)
         t0 = time.perf_counter()
         eng.generate(emb, valid, p, seed=r)
-        _sync(dev)
+        sync_device(dev)
         times.append(time.perf_counter() - t0)
     return steps / statistics.median(times)
 
@@ -92,11 +87,11 @@ def utterance_timing(model: TTSModel, steps: int, dev: torch.device, *, prompt: 
     p = SamplingParams(max_new_tokens=steps, min_new_tokens=steps)
     rtf, first = [], []
     for r in range(repeats + 1):  # the first round warms up
-        _sync(dev)
+        sync_device(dev)
         t0 = time.perf_counter()
         gen = eng.generate(emb, valid, p, seed=r)
         wav = model.mel_to_wav(model.hidden_to_mel(gen.hidden).float())
-        _sync(dev)
+        sync_device(dev)
         wall = time.perf_counter() - t0
         t0 = time.perf_counter()
         renderer = StreamRenderer(model)

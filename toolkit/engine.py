@@ -26,6 +26,12 @@ CACHE_BUCKET = 256  # cache lengths are rounded up to this, so new lengths rarel
 MAX_GRAPHS = 32
 
 
+def sync_device(device: torch.device) -> None:
+    """Wait for the device's queued work (timings, and before reading results on the host)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 @dataclass
 class Chunk:
     """Steps [start, start + n) of a generation; hidden (B, n, D), codes (B, n, Q)."""
@@ -68,7 +74,6 @@ class Engine:
         self.gpt = gpt
         self.chunk = chunk
         self.cuda_graphs = cuda_graphs
-        self.compile = compile
         self._run_block, self._sample = call_block, sample_codes
         if compile:
             import torch._dynamo
@@ -161,7 +166,8 @@ class Engine:
                 warnings.warn(f"this model's decode step cannot be captured in a CUDA graph ({str(e).strip()[:160]}); "
                               "decoding without graphs from now on, more slowly", RuntimeWarning, stacklevel=4)
                 self.cuda_graphs = False
-                torch.cuda.synchronize(device)
+                self._graphs.clear()  # never replayed again
+                sync_device(device)
                 return self._make_runner(B, p, dtype, device)
             while len(kept) > MAX_GRAPHS:
                 kept.popitem(last=False)

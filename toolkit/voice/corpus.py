@@ -300,7 +300,7 @@ def load_pack(folder: Path) -> dict:
     return idx
 
 
-def code_encoder(voice: Path, encoder: Path, vocab: int):
+def code_encoder(encoder: Path, vocab: int):
     """-> f(mel (1, 100, F)) -> codes (F // 2, 4) int16, with the DVAE encoder the voice's GPT was trained on."""
     import torch
     from safetensors.torch import load_file
@@ -358,7 +358,7 @@ def build(out: Path, n_train: int, n_heldout: int, seed: int, workers: int, voco
         unknown = sorted({c for c in inventory if not tok.has(c) and not c.isspace()})
         if unknown:
             print(f"phoneme symbols the voice's tokenizer lacks (read as unknown): {' '.join(unknown)}", flush=True)
-        encode = code_encoder(codes_from, encoder, tok.vocab_size)
+        encode = code_encoder(encoder, tok.vocab_size)
         vocoder_seconds = 0.0
     else:
         tok = build_char_tokenizer(inventory, out / "tokenizer.json")
@@ -384,14 +384,13 @@ def build(out: Path, n_train: int, n_heldout: int, seed: int, workers: int, voco
                 sf.write(out / "heldout" / f"{it['id']}.wav", w, SR, subtype="PCM_16")
                 continue
             with torch.no_grad():
-                mel = logmel(torch.from_numpy(w)[None])  # (1, 100, F)
-            if encode is not None:  # through the uint8 round trip, as the encoder saw mels in training
-                mel_q = dequantise_mel(quantise_mel(mel[0].T.numpy()))
-                codes.append(encode(torch.from_numpy(mel_q).T[None]))
+                q = quantise_mel(logmel(torch.from_numpy(w)[None])[0].T.numpy())  # (F, 100) uint8
+            if encode is not None:  # from the uint8 mel, as the encoder saw mels in training
+                codes.append(encode(torch.from_numpy(dequantise_mel(q)).T[None]))
                 frames.append(2 * len(codes[-1]))
             else:
-                mels.append(quantise_mel(mel[0].T.numpy()))
-                frames.append(len(mels[-1]))
+                mels.append(q)
+                frames.append(len(q))
             enc, _ = tok.encode([prompt_text(it["phonemes"], tok.has)])
             ids.append(enc[0].numpy().astype(np.int16))
             spk.append(spk_names.index(it["speaker"]))

@@ -568,7 +568,7 @@ def checkpoints_from_voice(model_dir: Path, encoder: Path, out: Path) -> None:
     save_state(out, "gpt", {**{f"gpt.{k}": v for k, v in model.gpt.state_dict().items()},
                             **{f"decoder.{k}": v for k, v in model.decoder.state_dict().items()}, "spk_table": table},
                {"step": steps.get("gpt", 0), "from": str(model_dir)}, torch.float16)
-    save_state(out, "dvae", {**{f"enc.{k}": v.float() for k, v in load_file(str(encoder)).items()},
+    save_state(out, "dvae", {**{f"enc.{k}": v for k, v in load_file(str(encoder)).items()},
                              **{f"dec.{k}": v for k, v in model.dvae.state_dict().items()}},
                {"step": steps.get("dvae", 0), "from": str(model_dir)}, torch.float16)
     save_state(out, "vocos", model.vocos.state_dict(), {"step": steps.get("vocos", 0), "from": str(model_dir)},
