@@ -3,7 +3,7 @@
 Prints the kernels that take the most device time per step and writes a Chrome trace (open it in Perfetto).
 For the GPU-engine issue: run it at batch 1 and 64 before changing the engine, and again after.
 
-    python3 benchmarks/profile_step.py --precision bf16 --batch 64 --compile --out /tmp/prof [--device cuda]
+    python3 benchmarks/profile_step.py --precision bf16 --batch 64 --variant step --out /tmp/prof [--device cuda]
 """
 from __future__ import annotations
 
@@ -13,9 +13,11 @@ import sys
 from pathlib import Path
 
 import torch
+from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from engine_variants import VARIANTS  # noqa: E402
 from toolkit.bench import _prompt, random_model  # noqa: E402
 from toolkit.engine import Engine  # noqa: E402
 from toolkit.precision import quantize  # noqa: E402
@@ -27,7 +29,8 @@ def main(argv=None) -> int:
     ap.add_argument("--precision", default="bf16")
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--steps", type=int, default=128, help="decode steps profiled (after one warm-up generation)")
-    ap.add_argument("--compile", action="store_true")
+    ap.add_argument("--variant", choices=tuple(VARIANTS), default="graphs",
+                    help="how the step is compiled (see engine_variants.py); graphs: CUDA graphs, no compile")
     ap.add_argument("--no-graphs", action="store_true", help="eager steps: one profiler row per launched kernel")
     ap.add_argument("--dims", choices=("chattts", "tiny"), default="chattts")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -37,7 +40,8 @@ def main(argv=None) -> int:
     dev = torch.device(a.device)
     model = copy.deepcopy(random_model(a.dims, dev))
     quantize(model, a.precision, device=dev)
-    engine = Engine(model.gpt, cuda_graphs=not a.no_graphs, compile=a.compile)
+    compile, options = VARIANTS[a.variant]
+    engine = Engine(model.gpt, cuda_graphs=not a.no_graphs, compile=compile, compile_options=options)
     emb, valid = _prompt(model, a.batch, 32, dev)
     params = SamplingParams(max_new_tokens=a.steps, min_new_tokens=a.steps)
     engine.generate(emb, valid, params)  # warm-up: compile, capture, cache allocation
@@ -48,12 +52,15 @@ def main(argv=None) -> int:
             torch.cuda.synchronize(dev)
     a.out.mkdir(parents=True, exist_ok=True)
     prof.export_chrome_trace(str(a.out / "trace.json"))
-    key = "self_cuda_time_total" if dev.type == "cuda" else "self_cpu_time_total"
-    table = prof.key_averages().table(sort_by=key, row_limit=a.top, max_name_column_width=70)
-    total_us = sum(getattr(e, key) for e in prof.key_averages())
-    head = (f"{a.precision} batch {a.batch} {'compiled ' if a.compile else ''}{'CUDA graphs' if dev.type == 'cuda' and not a.no_graphs else 'no graphs'}, "
+    events = prof.key_averages()
+    key = "self_device_time_total" if dev.type == "cuda" else "self_cpu_time_total"
+    table = events.table(sort_by=key, row_limit=a.top, max_name_column_width=70)
+    total_us = sum(getattr(e, key) for e in events)
+    kernels = sum(e.count for e in events if e.device_type == DeviceType.CUDA) / a.steps
+    head = (f"{a.precision} batch {a.batch} {a.variant}, {'CUDA graphs' if dev.type == 'cuda' and not a.no_graphs else 'no graphs'}, "
             f"{a.steps} steps on {torch.cuda.get_device_name(dev) if dev.type == 'cuda' else 'CPU'}: "
-            f"{total_us / a.steps:.0f} us of {'device' if dev.type == 'cuda' else 'CPU'} time per step (self times summed)")
+            f"{total_us / a.steps:.0f} us of {'device' if dev.type == 'cuda' else 'CPU'} time per step (self times summed)"
+            + (f", {kernels:.0f} kernels per step" if dev.type == "cuda" else ""))
     (a.out / "top.txt").write_text(head + "\n" + table)
     print(head)
     print(table)

@@ -340,3 +340,15 @@ def test_first_streamed_audio_comes_at_the_earliest_step_it_can(tiny_synth):
     stream = render_stream(iter(chunks), renderer)
     next(stream)
     assert renderer.steps == k
+
+
+def test_warmup_prepares_every_cache_bucket_it_is_asked_for(tiny_synth):
+    """warmup(steps=N) grows the KV cache to hold N steps now, so a request of that length reallocates nothing."""
+    from toolkit.engine import CACHE_BUCKET
+    tiny_synth.engine.release()
+    tiny_synth.warmup(batch_sizes=(2,), steps=CACHE_BUCKET + 10)
+    batch, length = tiny_synth.model.gpt.cache_shape
+    assert batch == 2 and length >= 2 * CACHE_BUCKET
+    cache = tiny_synth.model.gpt.layers[0].attention.kv_cache.k
+    tiny_synth.synthesize(["a", "b"], params=SamplingParams(max_new_tokens=CACHE_BUCKET, min_new_tokens=CACHE_BUCKET))
+    assert tiny_synth.model.gpt.layers[0].attention.kv_cache.k is cache

@@ -63,9 +63,9 @@ def _prompt(model: TTSModel, B: int, T: int, dev: torch.device):
 
 
 def decode_rate(model: TTSModel, B: int, steps: int, dev: torch.device, *, graphs: bool = True, prompt: int = 32,
-                repeats: int = 3, compile: bool = False) -> float:
+                repeats: int = 3, compile: bool | str = False, compile_options: dict | None = None) -> float:
     """GPT steps/s for B sequences of exactly `steps` codes; the first run (warm-up, compile, capture) is not timed."""
-    eng = Engine(model.gpt, cuda_graphs=graphs, compile=compile)
+    eng = Engine(model.gpt, cuda_graphs=graphs, compile=compile, compile_options=compile_options)
     emb, valid = _prompt(model, B, prompt, dev)
     p = SamplingParams(max_new_tokens=steps, min_new_tokens=steps)
     eng.generate(emb, valid, p)

@@ -4,9 +4,10 @@ Every step reads and writes only fixed device buffers (`DecodeState`), with the 
 so on CUDA one step is captured once as a CUDA graph per (batch, cache length, sampling settings) and replayed.
 Sampling stays on the device; the host looks at the EOS flags only once per chunk of `chunk` steps.
 
-With `compile=True` the transformer block and the sampler are torch.compile'd (regional compilation: one compiled
-block serves all layers) before capture, so a step is a few fused kernels per layer instead of dozens: at batch 1
-the step is bound by kernel launches, not bytes."""
+With `compile=True` the whole step (sampler, 20 blocks, bookkeeping) is one torch.compile'd graph, specialised to
+each batch size and cache bucket, and captured as a CUDA graph: at batch 1 the step is bound by kernel launches, not
+bytes, so fewer, fused kernels are what counts. Compiling costs seconds per new (batch, bucket): warm up first.
+benchmarks/engine_variants.py measures this against the cheaper regional compile ("block") on the GPU."""
 from __future__ import annotations
 
 import warnings
@@ -17,7 +18,7 @@ from typing import Callable, Iterator
 import torch
 from torch import Tensor
 
-from .models.gpt import GPT, call_block
+from .models.gpt import GPT, BlockRunner, call_block
 from .sampling import SamplingParams, sample_codes
 
 CACHE_BUCKET = 256  # cache lengths are rounded up to this, so new lengths rarely reallocate or recapture
@@ -69,19 +70,50 @@ class DecodeState:
         self.codes = torch.zeros(B, chunk, Q, dtype=torch.long, **z)
 
 
+def decode_step(gpt: GPT, s: DecodeState, p: SamplingParams, chunk: int,
+                run_block: BlockRunner = call_block, sample: Callable = sample_codes) -> None:
+    """One decode step on static buffers: sample from s.h, record, feed the codes back."""
+    cfg = gpt.cfg
+    B, Q, V = s.h.shape[0], cfg.num_vq, cfg.num_audio_tokens
+    i = s.step
+    j = (i % chunk).view(1)
+    ids = sample(gpt.code_logits(s.h).view(B * Q, V), s.history, s.temperature,
+                 s.noise.index_select(0, j)[0], i, s.min_new, p, cfg.eos_code)  # (B * Q,)
+    s.history.index_copy_(1, (i % p.penalty_window).view(1), ids[:, None])
+    ids = ids.view(B, Q)
+    s.hidden.index_copy_(1, j, s.h[:, None])
+    s.codes.index_copy_(1, j, ids[:, None])
+    s.finished |= (ids == cfg.eos_code).any(-1)
+    s.lengths += ~s.finished
+    x = gpt.embed_codes(ids)[:, None].to(s.h.dtype)
+    s.h.copy_(gpt(x, (s.prompt_len + i).view(1), s.rope_base + i, run_block)[:, 0])
+    s.step += 1
+
+
 class Engine:
-    def __init__(self, gpt: GPT, chunk: int = 16, cuda_graphs: bool = True, compile: bool = False):
+    def __init__(self, gpt: GPT, chunk: int = 16, cuda_graphs: bool = True, compile: bool | str = False,
+                 compile_options: dict | None = None):
+        """compile: False (eager), True or "step" (the whole decode step, fused across layers and with the sampler,
+        static shapes: one compile per batch size and cache bucket), "block" (regional: one compiled block with
+        dynamic shapes serves every layer, batch and bucket; compiles once, fuses less). Prefill runs through the
+        compiled block in both modes. compile_options: torch.compile arguments for the step."""
         self.gpt = gpt
         self.chunk = chunk
         self.cuda_graphs = cuda_graphs
-        self._run_block, self._sample = call_block, sample_codes
+        self._run_block, self._sample, self._decode_step = call_block, sample_codes, decode_step
         if compile:
             import torch._dynamo
             # one entry per precision x (static, then dynamic) shapes; the default 8 would fall back to eager silently
             torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
             # dynamic: batch and cache length change without a recompile (only batch 1 is specialised)
             self._run_block = torch.compile(call_block, fullgraph=True, dynamic=True)
-            self._sample = torch.compile(sample_codes, fullgraph=True)
+            if compile == "block":
+                self._sample = torch.compile(sample_codes, fullgraph=True)
+            else:
+                # static: dynamic shapes cost 3x at batch 64 on the H200 (benchmarks/results/engine_variants_h200.json)
+                options = {"fullgraph": True, "dynamic": False, **(compile_options or {})}
+                step = torch.compile(decode_step, **options)
+                self._decode_step = lambda gpt, s, p, chunk, run_block, sample: step(gpt, s, p, chunk)
         self._graphs: OrderedDict[tuple, tuple[torch.cuda.CUDAGraph, DecodeState]] = OrderedDict()
         self._states: OrderedDict[tuple, DecodeState] = OrderedDict()
 
@@ -124,22 +156,7 @@ class Engine:
         return step_fn, new
 
     def _step(self, s: DecodeState, p: SamplingParams) -> None:
-        """One decode step on static buffers: sample from s.h, record, feed the codes back."""
-        gpt, cfg = self.gpt, self.gpt.cfg
-        B, Q, V = s.h.shape[0], cfg.num_vq, cfg.num_audio_tokens
-        i = s.step
-        j = (i % self.chunk).view(1)
-        ids = self._sample(gpt.code_logits(s.h).view(B * Q, V), s.history, s.temperature,
-                           s.noise.index_select(0, j)[0], i, s.min_new, p, cfg.eos_code)  # (B * Q,)
-        s.history.index_copy_(1, (i % p.penalty_window).view(1), ids[:, None])
-        ids = ids.view(B, Q)
-        s.hidden.index_copy_(1, j, s.h[:, None])
-        s.codes.index_copy_(1, j, ids[:, None])
-        s.finished |= (ids == cfg.eos_code).any(-1)
-        s.lengths += ~s.finished
-        x = gpt.embed_codes(ids)[:, None].to(s.h.dtype)
-        s.h.copy_(gpt(x, (s.prompt_len + i).view(1), s.rope_base + i, self._run_block)[:, 0])
-        s.step += 1
+        self._decode_step(self.gpt, s, p, self.chunk, self._run_block, self._sample)
 
     def _runner(self, B: int, p: SamplingParams, dtype, device,
                 carry: DecodeState | None = None) -> tuple[Callable[[], None], DecodeState]:

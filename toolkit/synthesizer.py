@@ -89,7 +89,8 @@ class Synthesizer:
     def __init__(self, model: str | Path | TTSModel | None = None, device: str | None = None,
                  precision: str | None = None, *, warmup: bool = False, compile: bool = False, **recipe_options):
         """compile: torch.compile the decode step (on an H200, about 2x the steps/s of CUDA graphs alone at batch 1;
-        costs a compile at the first request of each batch size, so pair it with warmup)."""
+        costs a compile of seconds at the first request of each batch size and cache bucket, so pair it with
+        warmup)."""
         self.device = resolve_device(device)
         self.model = model if isinstance(model, TTSModel) else load_model(model, self.device)
         if self.model.tokenizer is None:
@@ -104,10 +105,14 @@ class Synthesizer:
         if warmup:
             self.warmup()
 
-    def warmup(self, batch_sizes: Sequence[int] = (1,)) -> None:
-        """Allocate the KV cache and capture the decode graphs now, so the first request pays nothing extra."""
+    def warmup(self, batch_sizes: Sequence[int] = (1,), steps: int | None = None) -> None:
+        """Allocate the KV cache and capture (and compile) the decode graphs now, so the first request pays nothing
+        extra: every cache bucket up to `steps` GPT steps (default: the first bucket only)."""
+        n = steps or self.engine.chunk + 1
         for b in batch_sizes:
-            self.synthesize(["warm up."] * b, batch_size=b, params=SamplingParams(max_new_tokens=self.engine.chunk + 1))
+            with warnings.catch_warnings():  # "reached max_new_tokens": meant to, here
+                warnings.simplefilter("ignore")
+                self.synthesize(["warm up."] * b, batch_size=b, params=SamplingParams(max_new_tokens=n, min_new_tokens=n))
 
     def _fallback(self, stage: str) -> torch.nn.Module:
         """An fp32 copy of a half-precision stage that produced inf/NaN (made once, then reused)."""

@@ -1,0 +1,80 @@
+"""Which way of compiling the decode step is fastest: GPT steps/s per compile variant, precision and batch, on random
+weights at ChatTTS's dimensions (the same measurement as `ttsq bench`: median of repeats, warm-up excluded), with the
+wall time each variant spent compiling and capturing.
+
+    python3 benchmarks/engine_variants.py --variants block,step-dynamic,step --precisions bf16 --batches 1,64 \
+        --out benchmarks/results/engine_variants_h200.json
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import platform
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from toolkit.bench import STEPS_PER_S, decode_rate, random_model  # noqa: E402
+from toolkit.precision import quantize  # noqa: E402
+
+VARIANTS = {  # name -> Engine(compile=..., compile_options=...)
+    "graphs": (False, None),
+    "block": ("block", None),
+    "step-dynamic": (True, {"dynamic": True}),
+    "step": (True, None),  # static shapes, the default of Engine(compile=True)
+    "step-autotune": (True, {"mode": "max-autotune-no-cudagraphs"}),
+}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--variants", default="block,step-dynamic,step")
+    ap.add_argument("--precisions", default="bf16")
+    ap.add_argument("--batches", default="1,64")
+    ap.add_argument("--steps", type=int, default=470)
+    ap.add_argument("--dims", choices=("chattts", "tiny"), default="chattts")
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--budget-s", type=float, default=480, help="skip what would start after this many seconds")
+    ap.add_argument("--out", type=Path, required=True)
+    a = ap.parse_args(argv)
+    dev = torch.device(a.device)
+    base = random_model(a.dims, dev)
+    rows, t_start = [], time.perf_counter()
+    for precision in a.precisions.split(","):
+        model = copy.deepcopy(base)
+        quantize(model, precision, device=dev)
+        for variant in a.variants.split(","):
+            compile, options = VARIANTS[variant]
+            for B in map(int, a.batches.split(",")):
+                if time.perf_counter() - t_start > a.budget_s:
+                    print(f"skipped {precision} {variant} b{B}: over the time budget", flush=True)
+                    continue
+                torch._dynamo.reset()
+                t0 = time.perf_counter()
+                row = dict(precision=precision, variant=variant, batch=B)
+                try:
+                    sps = decode_rate(model, B, a.steps, dev, compile=compile, compile_options=options)
+                    row.update(steps_per_s=round(sps, 1), audio_s_per_s=round(sps * B / STEPS_PER_S, 1))
+                except Exception as e:  # noqa: BLE001 - recorded; the other variants still run
+                    row["error"] = f"{type(e).__name__}: {e}"[:300]
+                row["wall_s"] = round(time.perf_counter() - t0, 1)
+                rows.append(row)
+                print(json.dumps(row), flush=True)
+    device = torch.cuda.get_device_name(dev) if dev.type == "cuda" else platform.processor() or "CPU"
+    result = dict(command="python3 " + " ".join(sys.argv), device=device, torch=torch.__version__, steps=a.steps,
+                  dims=a.dims, rows=rows)
+    a.out.parent.mkdir(parents=True, exist_ok=True)
+    a.out.write_text(json.dumps(result, indent=1) + "\n")
+    print(f"\n{'precision':10} {'variant':14} {'batch':>5} {'steps/s':>9} {'audio s/s':>9} {'wall s':>7}")
+    for r in rows:
+        print(f"{r['precision']:10} {r['variant']:14} {r['batch']:5} {r.get('steps_per_s', 'error'):>9} "
+              f"{r.get('audio_s_per_s', ''):>9} {r['wall_s']:7}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
