@@ -352,3 +352,27 @@ def test_warmup_prepares_every_cache_bucket_it_is_asked_for(tiny_synth):
     cache = tiny_synth.model.gpt.layers[0].attention.kv_cache.k
     tiny_synth.synthesize(["a", "b"], params=SamplingParams(max_new_tokens=CACHE_BUCKET, min_new_tokens=CACHE_BUCKET))
     assert tiny_synth.model.gpt.layers[0].attention.kv_cache.k is cache
+
+
+def test_engine_lookahead_hands_over_the_same_chunks_and_stops_at_the_same_one(tiny_synth):
+    """stream(lookahead=True) queues the next chunk before handing one over (so a CUDA renderer overlaps it): the
+    chunks handed over, and where EOS or should_stop ends the stream, must not change."""
+    from toolkit.engine import Engine
+    from toolkit.prompt import encode_prompts
+    emb, valid = encode_prompts(tiny_synth.model, ["look ahead."], tiny_synth.speaker_vector(0))
+    engine = Engine(tiny_synth.model.gpt)
+    params = SamplingParams(max_new_tokens=200, temperature=1.0, top_p=1.0)
+    ended_by_eos = 0
+    for seed in range(6):
+        plain = list(engine.stream(emb, valid, params, seed=seed))
+        ahead = list(engine.stream(emb, valid, params, seed=seed, lookahead=True))
+        assert len(plain) == len(ahead)
+        for x, y in zip(plain, ahead):
+            assert x.start == y.start and torch.equal(x.codes, y.codes) and torch.equal(x.hidden, y.hidden)
+            assert torch.equal(x.lengths, y.lengths) and torch.equal(x.finished, y.finished)
+        ended_by_eos += bool(plain[-1].finished.all()) and plain[-1].start + plain[-1].codes.shape[1] < 200
+        calls = []
+        stopped = list(engine.stream(emb, valid, params, seed=seed, lookahead=True,
+                                     should_stop=lambda: calls.append(1) or len(calls) >= 2))
+        assert len(stopped) == min(2, len(plain))
+    assert ended_by_eos  # the early end was exercised, not only max_new_tokens

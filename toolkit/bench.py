@@ -95,7 +95,8 @@ def utterance_timing(model: TTSModel, steps: int, dev: torch.device, *, prompt: 
         wall = time.perf_counter() - t0
         t0 = time.perf_counter()
         renderer = StreamRenderer(model)
-        pieces = render_stream(eng.stream(emb, valid, p, seed=r, first_yield=renderer.first_audio_step), renderer)
+        pieces = render_stream(eng.stream(emb, valid, p, seed=r, first_yield=renderer.first_audio_step,
+                                          lookahead=renderer.overlaps), renderer)
         next(pieces)
         first_audio = time.perf_counter() - t0
         pieces.close()

@@ -2,7 +2,9 @@
 
 Every step reads and writes only fixed device buffers (`DecodeState`), with the step counter on the device,
 so on CUDA one step is captured once as a CUDA graph per (batch, cache length, sampling settings) and replayed.
-Sampling stays on the device; the host looks at the EOS flags only once per chunk of `chunk` steps.
+Sampling stays on the device; the host looks at the EOS flags only once per chunk of `chunk` steps, through a
+pinned copy and an event, so with `lookahead` the next chunk's steps are already queued while a streaming
+renderer works on this one (on its own CUDA stream).
 
 With `compile=True` the whole step (sampler, 20 blocks, bookkeeping) is one torch.compile'd graph, specialised to
 each batch size and cache bucket, and captured as a CUDA graph: at batch 1 the step is bound by kernel launches, not
@@ -10,8 +12,9 @@ bytes, so fewer, fused kernels are what counts. Compiling costs seconds per new 
 benchmarks/engine_variants.py measures this against the cheaper regional compile ("block") on the GPU."""
 from __future__ import annotations
 
+import itertools
 import warnings
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from dataclasses import dataclass
 from typing import Callable, Iterator
 
@@ -35,12 +38,15 @@ def sync_device(device: torch.device) -> None:
 
 @dataclass
 class Chunk:
-    """Steps [start, start + n) of a generation; hidden (B, n, D), codes (B, n, Q)."""
+    """Steps [start, start + n) of a generation; hidden (B, n, D), codes (B, n, Q) on the device.
+    lengths and finished are on the host. On CUDA, `ready` is an event recorded after the chunk's steps: work on
+    another stream that reads hidden or codes must wait for it (the engine may already run the next chunk)."""
     start: int
     hidden: Tensor
     codes: Tensor
     lengths: Tensor  # (B,) steps before EOS so far
     finished: Tensor  # (B,) bool
+    ready: "torch.cuda.Event | None" = None
 
 
 @dataclass
@@ -210,10 +216,29 @@ class Engine:
 
     @torch.inference_mode()
     def stream(self, emb: Tensor, valid: Tensor, params: SamplingParams, seed: int = 0,
-               should_stop: Callable[[], bool] | None = None, first_yield: int | None = None) -> Iterator[Chunk]:
+               should_stop: Callable[[], bool] | None = None, first_yield: int | None = None,
+               lookahead: bool = False) -> Iterator[Chunk]:
         """emb (B, T, D) prompt embeddings, valid (B, T) non-padding -> chunks of `chunk` steps.
         first_yield: also hand over the steps so far once `first_yield` steps exist (a streaming renderer's first
-        audio needs that many, not a multiple of `chunk`); sampling is unchanged, since noise is drawn per chunk."""
+        audio needs that many, not a multiple of `chunk`); sampling is unchanged, since noise is drawn per chunk.
+        lookahead: queue the next chunk's steps before handing this one over, so that on CUDA the consumer's work
+        (a renderer on its own stream) overlaps them; costs up to one chunk of discarded steps after EOS."""
+        queue: deque[Chunk] = deque()
+        launched = self._launch(emb, valid, params, seed, first_yield)
+        for chunk in itertools.chain(launched, [None]):
+            if chunk is not None:
+                queue.append(chunk)
+            while queue and (chunk is None or len(queue) > int(lookahead)):
+                out = queue.popleft()
+                if out.ready is not None:
+                    out.ready.synchronize()  # its flags have reached the host; later chunks may still run
+                yield out
+                if bool(out.finished.all()) or (should_stop is not None and should_stop()):
+                    return
+
+    def _launch(self, emb: Tensor, valid: Tensor, params: SamplingParams, seed: int,
+                first_yield: int | None) -> Iterator[Chunk]:
+        """Prefill, then the steps of each chunk, queued (on CUDA) without waiting for them."""
         gpt, cfg = self.gpt, self.gpt.cfg
         B, T, D = emb.shape
         steps = min(params.max_new_tokens, cfg.max_positions - T)
@@ -249,15 +274,23 @@ class Engine:
                 for _ in range(cut - done):
                     step_fn()
                 yield Chunk(start + done, s.hidden[:, done:cut].clone(), s.codes[:, done:cut].clone(),
-                            s.lengths.clone(), s.finished.clone())
+                            *self._to_host(s.lengths, s.finished))
                 done = cut
-                if bool(s.finished.all()) or (should_stop is not None and should_stop()):  # the one host sync
-                    return
             start += n
+
+    @staticmethod
+    def _to_host(*tensors: Tensor) -> tuple:
+        """Host copies of small device tensors without a sync, and the event that says they have arrived."""
+        if tensors[0].device.type != "cuda":
+            return (*(t.clone() for t in tensors), None)
+        host = tuple(torch.empty(t.shape, dtype=t.dtype, pin_memory=True).copy_(t, non_blocking=True) for t in tensors)
+        ready = torch.cuda.Event()
+        ready.record(torch.cuda.current_stream(tensors[0].device))
+        return (*host, ready)
 
     def generate(self, emb: Tensor, valid: Tensor, params: SamplingParams, seed: int = 0,
                  should_stop: Callable[[], bool] | None = None) -> Generation:
         chunks = list(self.stream(emb, valid, params, seed, should_stop))
-        last = chunks[-1]
+        last, dev = chunks[-1], emb.device
         return Generation(torch.cat([c.hidden for c in chunks], 1), torch.cat([c.codes for c in chunks], 1),
-                          last.lengths, last.finished)
+                          last.lengths.to(dev), last.finished.to(dev))

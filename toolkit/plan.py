@@ -46,7 +46,7 @@ def render_stream(chunks, renderer) -> Iterator:
     """The GPT chunks of one sentence (batch of 1) -> audio pieces, each as soon as the renderer can finish it."""
     for chunk in chunks:
         n = max(0, min(chunk.hidden.shape[1], int(chunk.lengths[0]) - chunk.start))  # steps before EOS
-        piece = renderer.push(chunk.hidden[0, :n])
+        piece = renderer.push(chunk.hidden[0, :n], chunk.ready)
         if piece.size:
             yield piece
     tail = renderer.finish()

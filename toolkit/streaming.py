@@ -4,9 +4,11 @@ The Decoder and Vocos are convolution stacks with a finite receptive field, and 
 a span of output samples depends only on a bounded window of GPT states. Each new chunk of states is rendered
 over just the window its final samples need (receptive radius on both sides), and the samples are emitted once
 no future state can change them. The concatenated stream equals the whole-utterance decode up to float rounding.
+On CUDA the rendering runs on a stream of its own, so it overlaps the GPT steps the engine has queued ahead.
 """
 from __future__ import annotations
 
+import contextlib
 import math
 from typing import Iterator
 
@@ -34,11 +36,21 @@ class StreamRenderer:
         self.steps = 0
         self.emitted = 0  # samples already returned
         self.window = model.vocos.window.float()
+        device = self.window.device
+        self.side = torch.cuda.Stream(device) if device.type == "cuda" else None
+        self.overlaps = self.side is not None  # worth asking the engine to run a chunk ahead
         # the fewest GPT states after which push() returns samples: ask the engine for them at that point
         self.first_audio_step = (self.r_dec + self.r_voc + self.n_fft // (2 * self.hop)) // 2 + 1
 
-    def push(self, hidden: Tensor) -> np.ndarray:
+    def push(self, hidden: Tensor, ready: "torch.cuda.Event | None" = None) -> np.ndarray:
+        """hidden (n, D); ready: the event after which hidden is complete (Chunk.ready) on CUDA."""
         if hidden.shape[0]:
+            if self.side is not None:  # wait for these states only, not for the steps queued after them
+                if ready is not None:
+                    self.side.wait_event(ready)
+                else:
+                    self.side.wait_stream(torch.cuda.current_stream(hidden.device))
+                hidden.record_stream(self.side)  # the allocator must not reuse it before the side stream is done
             self.hidden.append(hidden)
             self.steps += hidden.shape[0]
         final_spec = 2 * self.steps - self.r_dec - self.r_voc  # spectrum frames no future state can change
@@ -53,6 +65,10 @@ class StreamRenderer:
     def _render(self, t0: int, t1: int, frames: int | None) -> np.ndarray:
         if t1 <= t0:
             return np.zeros(0, dtype=np.float32)
+        with torch.cuda.stream(self.side) if self.side is not None else contextlib.nullcontext():
+            return self._render_span(t0, t1, frames)
+
+    def _render_span(self, t0: int, t1: int, frames: int | None) -> np.ndarray:
         hop, half = self.hop, self.n_fft // 2
         known = 2 * self.steps
         f0 = max(0, (t0 - half) // hop + 1)  # first frame whose window reaches t0
@@ -84,5 +100,6 @@ def stream_text(synth, text: str, *, speaker=None, seed: int = 0, params: Sampli
         with synth.memory_guard(1):
             emb, valid = encode_prompts(synth.model, [sentence], spk)
             renderer = StreamRenderer(synth.model)
-            chunks = synth.engine.stream(emb, valid, params, seed=seed + i, first_yield=renderer.first_audio_step)
+            chunks = synth.engine.stream(emb, valid, params, seed=seed + i, first_yield=renderer.first_audio_step,
+                                         lookahead=renderer.overlaps)
             yield from render_stream(chunks, renderer)

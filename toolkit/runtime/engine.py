@@ -62,6 +62,7 @@ class Chunk:
     codes: np.ndarray  # (B, n, Q)
     lengths: np.ndarray
     finished: np.ndarray
+    ready: None = None  # the torch engine's CUDA event; numpy work is done when handed over
 
 
 class Sessions:

@@ -23,7 +23,8 @@ class StreamRenderer:
         self.emitted = 0
         self.window = hann(n_fft)
 
-    def push(self, hidden: np.ndarray) -> np.ndarray:
+    def push(self, hidden: np.ndarray, ready=None) -> np.ndarray:
+        """hidden (n, D); ready: unused here (the torch engine's CUDA event), for the shared render_stream."""
         if hidden.shape[0]:
             self.hidden = hidden.astype(np.float32) if self.steps == 0 else np.concatenate([self.hidden, hidden])
             self.steps += hidden.shape[0]
