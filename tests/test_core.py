@@ -376,3 +376,25 @@ def test_engine_lookahead_hands_over_the_same_chunks_and_stops_at_the_same_one(t
                                      should_stop=lambda: calls.append(1) or len(calls) >= 2))
         assert len(stopped) == min(2, len(plain))
     assert ended_by_eos  # the early end was exercised, not only max_new_tokens
+
+
+def test_reserve_sizes_the_cache_once_and_changes_nothing_else(tiny_synth):
+    """reserve=N allocates the KV cache for N steps up front (one compile per batch under compile=True), so the
+    generation never grows it, and samples the same codes as a generation that grows it."""
+    from toolkit.engine import Engine
+    from toolkit.prompt import encode_prompts
+    emb, valid = encode_prompts(tiny_synth.model, ["reserve it."], tiny_synth.speaker_vector(0))
+    engine = Engine(tiny_synth.model.gpt)
+    params = SamplingParams(max_new_tokens=300, min_new_tokens=300)
+    grows = []
+    grow = engine._grow
+    engine._grow = lambda *a: grows.append(1) or grow(*a)
+    engine.release()
+    grown = engine.generate(emb, valid, params, seed=1)
+    assert grows
+    grows.clear()
+    engine.release()
+    reserved = engine.generate(emb, valid, params, seed=1, reserve=300)
+    assert not grows
+    assert torch.equal(reserved.codes, grown.codes)
+    torch.testing.assert_close(reserved.hidden, grown.hidden, rtol=1e-4, atol=1e-4)

@@ -217,14 +217,16 @@ class Engine:
     @torch.inference_mode()
     def stream(self, emb: Tensor, valid: Tensor, params: SamplingParams, seed: int = 0,
                should_stop: Callable[[], bool] | None = None, first_yield: int | None = None,
-               lookahead: bool = False) -> Iterator[Chunk]:
+               lookahead: bool = False, reserve: int = 0) -> Iterator[Chunk]:
         """emb (B, T, D) prompt embeddings, valid (B, T) non-padding -> chunks of `chunk` steps.
         first_yield: also hand over the steps so far once `first_yield` steps exist (a streaming renderer's first
         audio needs that many, not a multiple of `chunk`); sampling is unchanged, since noise is drawn per chunk.
         lookahead: queue the next chunk's steps before handing this one over, so that on CUDA the consumer's work
-        (a renderer on its own stream) overlaps them; costs up to one chunk of discarded steps after EOS."""
+        (a renderer on its own stream) overlaps them; costs up to one chunk of discarded steps after EOS.
+        reserve: size the KV cache for this many steps now, not by growing it (with compile=True every cache bucket
+        is a compile: a caller that knows the length saves the ones it would pass through)."""
         queue: deque[Chunk] = deque()
-        launched = self._launch(emb, valid, params, seed, first_yield)
+        launched = self._launch(emb, valid, params, seed, first_yield, reserve)
         for chunk in itertools.chain(launched, [None]):
             if chunk is not None:
                 queue.append(chunk)
@@ -237,7 +239,7 @@ class Engine:
                     return
 
     def _launch(self, emb: Tensor, valid: Tensor, params: SamplingParams, seed: int,
-                first_yield: int | None) -> Iterator[Chunk]:
+                first_yield: int | None, reserve: int) -> Iterator[Chunk]:
         """Prefill, then the steps of each chunk, queued (on CUDA) without waiting for them."""
         gpt, cfg = self.gpt, self.gpt.cfg
         B, T, D = emb.shape
@@ -247,9 +249,10 @@ class Engine:
                              "split the text into shorter sentences")
         dev, dtype = emb.device, gpt.norm.weight.dtype
         # the cache starts at the prompt plus one bucket and grows by buckets: attention cost follows the length
-        self._ensure_cache(B, T + self.chunk)
+        first = T + min(max(self.chunk, reserve), steps)
+        self._ensure_cache(B, first)
         step_fn, s = self._runner(B, params, dtype, dev)  # may capture, which writes the cache: prefill after
-        self._ensure_cache(B, T + self.chunk)
+        self._ensure_cache(B, first)
         gpt.key_valid[:B].fill_(True)
         gpt.key_valid[:B, :T] = valid
         rope = (valid.long().cumsum(1) - 1).clamp(min=0)
@@ -289,8 +292,8 @@ class Engine:
         return (*host, ready)
 
     def generate(self, emb: Tensor, valid: Tensor, params: SamplingParams, seed: int = 0,
-                 should_stop: Callable[[], bool] | None = None) -> Generation:
-        chunks = list(self.stream(emb, valid, params, seed, should_stop))
+                 should_stop: Callable[[], bool] | None = None, reserve: int = 0) -> Generation:
+        chunks = list(self.stream(emb, valid, params, seed, should_stop, reserve=reserve))
         last, dev = chunks[-1], emb.device
         return Generation(torch.cat([c.hidden for c in chunks], 1), torch.cat([c.codes for c in chunks], 1),
                           last.lengths.to(dev), last.finished.to(dev))
