@@ -109,8 +109,10 @@ class Engine:
         self._run_block, self._sample, self._decode_step = call_block, sample_codes, decode_step
         if compile:
             import torch._dynamo
-            # one entry per precision x (static, then dynamic) shapes; the default 8 would fall back to eager silently
-            torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
+            # the step compiles once per batch size x cache bucket x dtype x sampling settings: past the limit
+            # (default 8) dynamo would fall back to eager silently
+            torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 256)
+            torch._dynamo.config.accumulated_cache_size_limit = max(torch._dynamo.config.accumulated_cache_size_limit, 1024)
             # dynamic: batch and cache length change without a recompile (only batch 1 is specialised)
             self._run_block = torch.compile(call_block, fullgraph=True, dynamic=True)
             if compile == "block":
