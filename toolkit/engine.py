@@ -12,6 +12,7 @@ bytes, so fewer, fused kernels are what counts. Compiling costs seconds per new 
 benchmarks/engine_variants.py measures this against the cheaper regional compile ("block") on the GPU."""
 from __future__ import annotations
 
+import functools
 import itertools
 import warnings
 from collections import OrderedDict, deque
@@ -106,7 +107,8 @@ class Engine:
         self.gpt = gpt
         self.chunk = chunk
         self.cuda_graphs = cuda_graphs
-        self._run_block, self._sample, self._decode_step = call_block, sample_codes, decode_step
+        self._run_block: BlockRunner = call_block
+        self._decode_step: Callable[[GPT, DecodeState, SamplingParams, int], None] = decode_step
         if compile:
             import torch._dynamo
             # the step compiles once per batch size x cache bucket x dtype x sampling settings: past the limit
@@ -116,12 +118,12 @@ class Engine:
             # dynamic: batch and cache length change without a recompile (only batch 1 is specialised)
             self._run_block = torch.compile(call_block, fullgraph=True, dynamic=True)
             if compile == "block":
-                self._sample = torch.compile(sample_codes, fullgraph=True)
+                self._decode_step = functools.partial(decode_step, run_block=self._run_block,
+                                                      sample=torch.compile(sample_codes, fullgraph=True))
             else:
                 # static: dynamic shapes cost 3x at batch 64 on the H200 (benchmarks/results/engine_variants_h200.json)
-                options = {"fullgraph": True, "dynamic": False, **(compile_options or {})}
-                step = torch.compile(decode_step, **options)
-                self._decode_step = lambda gpt, s, p, chunk, run_block, sample: step(gpt, s, p, chunk)
+                self._decode_step = torch.compile(decode_step, **{"fullgraph": True, "dynamic": False,
+                                                                  **(compile_options or {})})
         self._graphs: OrderedDict[tuple, tuple[torch.cuda.CUDAGraph, DecodeState]] = OrderedDict()
         self._states: OrderedDict[tuple, DecodeState] = OrderedDict()
 
@@ -164,7 +166,7 @@ class Engine:
         return step_fn, new
 
     def _step(self, s: DecodeState, p: SamplingParams) -> None:
-        self._decode_step(self.gpt, s, p, self.chunk, self._run_block, self._sample)
+        self._decode_step(self.gpt, s, p, self.chunk)
 
     def _runner(self, B: int, p: SamplingParams, dtype, device,
                 carry: DecodeState | None = None) -> tuple[Callable[[], None], DecodeState]:
