@@ -37,3 +37,16 @@ def test_ratio_to_chattts_in_the_table():
                              "steps_per_s": {"1": 300.0}, "audio_s_per_s": {"1": 6.4}, "peak_mem_bytes": {}}},
            "chattts": {"1": {"steps_per_s": 100.0}}}
     assert "| fp32 | 1 | 0.500 | 0.100 | 300 | 6.4 | 3.0x | – |" in markdown(rep)
+
+
+def test_bench_keeps_what_it_measured_part_by_part():
+    """The chattts baseline comes first and the report is handed over after every part: a run cut short by a time
+    limit still has a same-run baseline and every precision it finished, marked incomplete."""
+    from toolkit.bench import BenchConfig, run_bench
+    snapshots = []
+    cfg = BenchConfig(["fp32", "bf16"], [1], steps=16, device="cpu", dims="tiny", repeats=1)
+    run_bench(cfg, progress=lambda m: None, on_update=lambda r: snapshots.append(json.loads(json.dumps(r))))
+    assert [sorted(s["ttsq"]) for s in snapshots] == [[], ["fp32"], ["bf16", "fp32"], ["bf16", "fp32"]]
+    assert all(s["chattts"]["1"] for s in snapshots)
+    assert [s["complete"] for s in snapshots] == [False, False, False, True]
+    assert "incomplete" in markdown(snapshots[1]) and "incomplete" not in markdown(snapshots[-1])

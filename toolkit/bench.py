@@ -196,32 +196,37 @@ def run_chattts(python: str, steps: int, batch: int, device: str, dims: str = "c
     return json.loads(r.stdout.strip().splitlines()[-1])
 
 
-def run_bench(cfg: BenchConfig, progress=print) -> dict:
+def run_bench(cfg: BenchConfig, progress=print, on_update=None) -> dict:
+    """The chattts side first, then ttsq per precision. on_update(report) is called after each part, with
+    report["complete"] False until the end, so a run cut short keeps what it measured, baseline included."""
     dev = torch.device(cfg.device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    base = random_model(cfg.dims, dev)
-    ours = {}
-    for name in cfg.precisions:
-        try:
-            ours[name] = bench_precision(base, name, cfg, dev)
-        except Exception as e:  # noqa: BLE001 - one recipe failing (e.g. fp8 on CPU) must not hide the others
-            ours[name] = {"error": f"{type(e).__name__}: {e}"[:400]}
-        progress(f"ttsq {name}: {json.dumps(ours[name])}")
-        if dev.type == "cuda":
-            torch.cuda.empty_cache()
-    theirs = {}
-    for B in cfg.batches:
-        theirs[str(B)] = (run_chattts(cfg.chattts_python, cfg.steps, B, str(dev), cfg.dims, cfg.chattts_timeout,
-                                      torch.get_num_threads() if dev.type == "cpu" else None)
-                          if cfg.chattts_python else {"skipped": "no --chattts-python given"})
-        progress(f"chattts batch {B}: {json.dumps(theirs[str(B)])[:300]}")
-    return {
+    report = {
         "schema": "ttsq-bench/1", "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "device": str(dev), "hardware": torch.cuda.get_device_name(dev) if dev.type == "cuda"
         else f"{platform.machine()} CPU, {torch.get_num_threads()} threads",
         "torch": torch.__version__, "dims": cfg.dims, "steps": cfg.steps, "batches": cfg.batches,
-        "compile": cfg.compile,
-        "ttsq": ours, "chattts": theirs,
+        "compile": cfg.compile, "ttsq": {}, "chattts": {}, "complete": False,
     }
+    update = on_update or (lambda r: None)
+    for B in cfg.batches:
+        report["chattts"][str(B)] = (run_chattts(cfg.chattts_python, cfg.steps, B, str(dev), cfg.dims,
+                                                 cfg.chattts_timeout, torch.get_num_threads() if dev.type == "cpu" else None)
+                                     if cfg.chattts_python else {"skipped": "no --chattts-python given"})
+        progress(f"chattts batch {B}: {json.dumps(report['chattts'][str(B)])[:300]}")
+    update(report)
+    base = random_model(cfg.dims, dev)
+    for name in cfg.precisions:
+        try:
+            report["ttsq"][name] = bench_precision(base, name, cfg, dev)
+        except Exception as e:  # noqa: BLE001 - one recipe failing (e.g. fp8 on CPU) must not hide the others
+            report["ttsq"][name] = {"error": f"{type(e).__name__}: {e}"[:400]}
+        progress(f"ttsq {name}: {json.dumps(report['ttsq'][name])}")
+        if dev.type == "cuda":
+            torch.cuda.empty_cache()
+        update(report)
+    report["complete"] = True
+    update(report)
+    return report
 
 
 def markdown(report: dict) -> str:
@@ -231,7 +236,9 @@ def markdown(report: dict) -> str:
             + [f"peak MiB b{b}" for b in batches])
     mode = "CUDA graphs + torch.compile" if report.get("compile") else "CUDA graphs (no torch.compile)"
     lines = [f"ttsq bench: {report['hardware']}, torch {report['torch']}, {report['dims']} dimensions, random weights, "
-             f"{report['steps']} GPT steps, ttsq engine: {mode}, {report['created']}", "",
+             f"{report['steps']} GPT steps, ttsq engine: {mode}, {report['created']}"
+             + ("" if report.get("complete", True) else " (incomplete: the run has not finished, or was cut short)"),
+             "",
              "| " + " | ".join(head) + " |", "|---" * len(head) + "|"]
     ref = report["chattts"]
     for name, r in report["ttsq"].items():
@@ -248,6 +255,7 @@ def markdown(report: dict) -> str:
                                        + [f"{r['audio_s_per_s'][b]:.1f}" if b in sps else "–" for b in batches]
                                        + ratio + mem) + " |")
     cells = [f"b{b}: " + (f"{ref[b]['steps_per_s']:.1f} steps/s" if "steps_per_s" in ref[b]
-                          else ref[b].get("skipped") or "failed: " + ref[b].get("error", "")[-200:]) for b in batches]
+                          else ref[b].get("skipped") or "failed: " + ref[b].get("error", "")[-200:])
+             for b in batches if b in ref]
     lines += ["", "chattts package, same run: " + "; ".join(cells)]
     return "\n".join(lines) + "\n"

@@ -145,13 +145,16 @@ def cmd_bench(a) -> int:
         raise FileExistsError(f"{out.with_suffix('.json')} already exists; pass --force to replace it, or another --out")
     cfg = BenchConfig([p for p in a.precisions.split(",") if p], [int(b) for b in a.batches.split(",")], a.steps,
                       a.device, a.dims, a.repeats, chattts_python=a.chattts_python, compile=a.compile)
-    report = run_bench(cfg, progress=lambda m: print(m, file=sys.stderr, flush=True))
-    report["command"] = "ttsq bench " + " ".join(sys.argv[2:])
-    table = markdown(report)
     out.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_bytes(out.with_suffix(".json"), (json.dumps(report, indent=1) + "\n").encode())
-    atomic_write_bytes(out.with_suffix(".md"), table.encode())
-    print(table)
+    command = "ttsq bench " + " ".join(sys.argv[2:])
+
+    def write(report: dict) -> None:  # after every part, so a run that is cut short keeps what it measured
+        report["command"] = command
+        atomic_write_bytes(out.with_suffix(".json"), (json.dumps(report, indent=1) + "\n").encode())
+        atomic_write_bytes(out.with_suffix(".md"), markdown(report).encode())
+
+    report = run_bench(cfg, progress=lambda m: print(m, file=sys.stderr, flush=True), on_update=write)
+    print(markdown(report))
     return 0
 
 
