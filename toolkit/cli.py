@@ -188,7 +188,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--control-tokens", action="store_true",
                    help="read [laugh], [uv_break], [speed_N], ... in the text as ChatTTS controls (default: as text)")
     s.add_argument("--compile", action="store_true",
-                   help="torch.compile the decode step: faster per step on a GPU, after a compile at the start")
+                   help="torch.compile the decode step: faster per step on a GPU, after a compile of seconds "
+                   "for each batch size and 256-step cache bucket it meets (worth it for long or many texts)")
     s.add_argument("--force", action="store_true", help="overwrite an existing output file")
     s.set_defaults(func=cmd_synth)
 
