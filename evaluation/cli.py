@@ -20,6 +20,8 @@ def add_evaluate_parser(sub, model_args) -> None:
     s.add_argument("--repeats", type=int, default=3, help="timing repeats (medians are reported)")
     s.add_argument("--batch-size", type=int, default=8, help="sentences synthesized together (a unit of work)")
     s.add_argument("--no-dnsmos", action="store_true", help="skip DNSMOS (saves ~15 s of start-up)")
+    s.add_argument("--workers", type=int, default=None,
+                   help="processes for the mel-cepstra of scoring (default: the usable CPU cores, shared by the ranks)")
     s.add_argument("--distributed", action="store_true",
                    help="shard the set across the ranks of `torchrun --nproc-per-node N -m toolkit.cli evaluate ...`; "
                         "rank 0 writes the report")
@@ -41,7 +43,8 @@ def run_from_args(a) -> int:
         cfg = EvalConfig(model=a.model, precisions=[p.strip() for p in a.precisions.split(",") if p.strip()],
                          text_set=a.set, out=a.out, device=dist.device,
                          seeds=tuple(int(s) for s in a.seeds.split(",")), limit=a.limit, max_steps=a.max_steps,
-                         batch_size=a.batch_size, repeats=a.repeats, dnsmos=not a.no_dnsmos)
+                         batch_size=a.batch_size, repeats=a.repeats, dnsmos=not a.no_dnsmos,
+                         workers=a.workers)
         report, utts = run_evaluation(cfg, _progress_bar("evaluate"), dist)
     finally:
         dist.close()

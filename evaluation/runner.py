@@ -12,6 +12,7 @@ score what they made, and rank 0 gathers the per-record scores into the same rep
 from __future__ import annotations
 
 import math
+import os
 import statistics
 import time
 import zlib
@@ -49,6 +50,7 @@ class EvalConfig:
     repeats: int = 3  # timing repeats; medians are reported
     throughput_batches: tuple[int, ...] = (1, 8)
     dnsmos: bool = True
+    workers: int | None = None  # processes for the mel-cepstra of scoring; None: the usable cores / ranks
 
 
 @dataclass
@@ -171,8 +173,20 @@ def measure_performance(run: PrecisionRun, records: list[TextRecord], cfg: EvalC
     return perf
 
 
+def _cepstrum_or_error(args: tuple[np.ndarray, int]):
+    """Worker: a waveform's mel-cepstra, or the ValueError's message (too short to analyse)."""
+    from threadpoolctl import threadpool_limits
+    with threadpool_limits(1, user_api="blas"):  # the same single-threaded sums as the main process
+        try:
+            return metrics.mel_cepstrum(*args)
+        except ValueError as e:
+            return str(e)
+
+
 class Cepstra:
-    """Mel-cepstra computed once per waveform: every precision is scored against the same FP32 audio."""
+    """Mel-cepstra computed once per waveform: every precision is scored against the same FP32 audio.
+    SPTK's analysis is the slow part of scoring (about 0.5 s per second of audio on one core), so `prefetch`
+    spreads the waveforms over worker processes first; results are the same as computing them here."""
 
     def __init__(self, sr: int):
         self.sr, self._seen = sr, {}
@@ -180,8 +194,28 @@ class Cepstra:
     def __call__(self, wav: np.ndarray) -> np.ndarray:
         hit = self._seen.get(id(wav))
         if hit is None or hit[0] is not wav:
-            hit = self._seen[id(wav)] = (wav, metrics.mel_cepstrum(wav, self.sr))
+            try:
+                hit = self._seen[id(wav)] = (wav, metrics.mel_cepstrum(wav, self.sr))
+            except ValueError as e:
+                hit = self._seen[id(wav)] = (wav, str(e))
+        if isinstance(hit[1], str):
+            raise ValueError(hit[1])
         return hit[1]
+
+    def prefetch(self, wavs: list[np.ndarray], workers: int,
+                 progress: Callable[[int, int], None] | None = None) -> None:
+        """Compute the cepstra of `wavs` in `workers` processes now (with 1, leave them to be computed on use)."""
+        todo = list({id(w): w for w in wavs if self._seen.get(id(w), (None,))[0] is not w}.values())
+        if workers <= 1 or len(todo) < 2:
+            return
+        import multiprocessing
+        from concurrent.futures import ProcessPoolExecutor
+        # spawn: forking a process that holds CUDA state is unsafe
+        with ProcessPoolExecutor(min(workers, len(todo)), mp_context=multiprocessing.get_context("spawn")) as ex:
+            for i, (w, c) in enumerate(zip(todo, ex.map(_cepstrum_or_error, [(w, self.sr) for w in todo]))):
+                self._seen[id(w)] = (w, c)
+                if progress:
+                    progress(i + 1, len(todo))
 
     def mcd(self, ref: np.ndarray, test: np.ndarray, align: str = "dtw") -> float | None:
         try:
@@ -223,11 +257,12 @@ GPT_METRICS = ("top1_agreement", "kl_nats")
 # Scores are kept per record (a list per segment for the stage-wise ones) so that each rank scores what it
 # synthesized; the CIs are taken once, over every record in text-set order (`pool`, `summarize`).
 
-def stage_decoder(ref_wavs: dict, run: PrecisionRun, utts: dict[str, Utterance], cep: Cepstra) -> dict:
-    """-> {record id: {metric: [one value per segment]}}"""
-    rows = {rid: {k: [] for k in DECODER_METRICS} for rid in utts}
+def stage_decoder(ref_wavs: dict, wavs: dict, cep: Cepstra, ids) -> dict:
+    """ref_wavs, wavs: {(record id, segment): FP32's and this precision's Decoder+Vocos audio on the same GPT states}
+    -> {record id: {metric: [one value per segment]}} for every id in `ids`"""
+    rows = {rid: {k: [] for k in DECODER_METRICS} for rid in ids}
     sr = cep.sr
-    for (rid, k), b in decode_segments(run, utts).items():
+    for (rid, k), b in wavs.items():
         a, row = ref_wavs[rid, k], rows[rid]
         row["mcd_db"].append(0.0 if a is b or np.array_equal(a, b) else cep.mcd(a, b, align="none"))
         row["pesq_wb"].append(_safe(metrics.pesq_wb, a, b, sr))
@@ -362,6 +397,11 @@ def run_evaluation(cfg: EvalConfig, progress: Callable[[str, int, int], None] | 
     cep = Cepstra(ref.synth.sample_rate)
     ref_utts = ref.utts[cfg.seeds[0]]
     ref_wavs = decode_segments(ref, ref_utts)
+    decoded = {run.name: ref_wavs if run is ref else decode_segments(run, ref_utts) for run in runs}
+    cep.prefetch([*ref_wavs.values(), *(w for run in runs if run is not ref for w in decoded[run.name].values()),
+                  *(u.wav for run in runs for by in run.utts.values() for u in by.values())],
+                 cfg.workers or max(1, len(os.sched_getaffinity(0)) // dist.world_size),
+                 (lambda i, n: progress("cepstra", i, n)) if progress else None)
     scores = {}
     # numpy's BLAS sums in an order that depends on its thread count, which torchrun sets to 1 per rank: one
     # thread everywhere keeps the scores of a sharded run equal to a single process's
@@ -370,7 +410,7 @@ def run_evaluation(cfg: EvalConfig, progress: Callable[[str, int, int], None] | 
         for i, run in enumerate(runs):
             if progress:
                 progress("score", i, len(runs))
-            scores[run.name] = {"decoder_vocoder": stage_decoder(ref_wavs, run, ref_utts, cep),
+            scores[run.name] = {"decoder_vocoder": stage_decoder(ref_wavs, decoded[run.name], cep, ref_utts),
                                 "gpt_teacher_forced": stage_gpt(ref, run, ref_utts, by_id),
                                 "end_to_end": end_to_end(ref, run, cfg.seeds, cep, cfg.dnsmos)}
         floor = floor_rows(ref, cfg.seeds, cep)

@@ -79,3 +79,20 @@ def test_cli_evaluate(tiny_dir, tmp_path):
     assert r.returncode == 2 and "--force" in r.stderr
     r = subprocess.run(cmd[:-1] + [str(tmp_path / "ev2"), "--seeds", "0"], capture_output=True, text=True, env=env)
     assert r.returncode == 2 and "noise floor" in r.stderr
+
+
+def test_cepstra_computed_in_worker_processes_equal_those_computed_here():
+    """Scoring spreads SPTK's analysis over processes (Cepstra.prefetch): same numbers, same too-short handling."""
+    import numpy as np
+    from evaluation.runner import Cepstra
+    rng = np.random.default_rng(0)
+    wavs = [rng.standard_normal(12000).astype(np.float32) * 0.1, rng.standard_normal(7000).astype(np.float32) * 0.1,
+            np.zeros(100, np.float32)]  # the last is shorter than one analysis frame
+    here, pooled = Cepstra(24000), Cepstra(24000)
+    pooled.prefetch(wavs, workers=2)
+    assert len(pooled._seen) == 3  # computed up front, not on use
+    for w in wavs[:2]:
+        assert np.array_equal(here(w), pooled(w))
+    with pytest.raises(ValueError, match="frame"):
+        pooled(wavs[2])
+    assert pooled.mcd(wavs[2], wavs[0]) is None and pooled.mcd(wavs[0], wavs[1]) == here.mcd(wavs[0], wavs[1])
