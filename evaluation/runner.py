@@ -31,6 +31,7 @@ from toolkit.textsets import TextRecord, load_text_set, set_hash
 
 from . import metrics
 from .distributed import Dist, shard
+from .pool import cepstrum_or_error, dnsmos_overall, map_in_processes
 
 
 TEXT_SET = dict(control_tokens=True)  # text sets write [laugh], [uv_break], ... as controls (calibration_sets/README)
@@ -173,16 +174,6 @@ def measure_performance(run: PrecisionRun, records: list[TextRecord], cfg: EvalC
     return perf
 
 
-def _cepstrum_or_error(args: tuple[np.ndarray, int]):
-    """Worker: a waveform's mel-cepstra, or the ValueError's message (too short to analyse)."""
-    from threadpoolctl import threadpool_limits
-    with threadpool_limits(1, user_api="blas"):  # the same single-threaded sums as the main process
-        try:
-            return metrics.mel_cepstrum(*args)
-        except ValueError as e:
-            return str(e)
-
-
 class Cepstra:
     """Mel-cepstra computed once per waveform: every precision is scored against the same FP32 audio.
     SPTK's analysis is the slow part of scoring (about 0.5 s per second of audio on one core), so `prefetch`
@@ -194,11 +185,8 @@ class Cepstra:
     def __call__(self, wav: np.ndarray) -> np.ndarray:
         hit = self._seen.get(id(wav))
         if hit is None or hit[0] is not wav:
-            try:
-                hit = self._seen[id(wav)] = (wav, metrics.mel_cepstrum(wav, self.sr))
-            except ValueError as e:
-                hit = self._seen[id(wav)] = (wav, str(e))
-        if isinstance(hit[1], str):
+            hit = self._seen[id(wav)] = (wav, cepstrum_or_error((wav, self.sr)))
+        if isinstance(hit[1], str):  # the analysis' error, kept for every caller
             raise ValueError(hit[1])
         return hit[1]
 
@@ -206,16 +194,10 @@ class Cepstra:
                  progress: Callable[[int, int], None] | None = None) -> None:
         """Compute the cepstra of `wavs` in `workers` processes now (with 1, leave them to be computed on use)."""
         todo = list({id(w): w for w in wavs if self._seen.get(id(w), (None,))[0] is not w}.values())
-        if workers <= 1 or len(todo) < 2:
+        if workers <= 1:
             return
-        import multiprocessing
-        from concurrent.futures import ProcessPoolExecutor
-        # spawn: forking a process that holds CUDA state is unsafe
-        with ProcessPoolExecutor(min(workers, len(todo)), mp_context=multiprocessing.get_context("spawn")) as ex:
-            for i, (w, c) in enumerate(zip(todo, ex.map(_cepstrum_or_error, [(w, self.sr) for w in todo]))):
-                self._seen[id(w)] = (w, c)
-                if progress:
-                    progress(i + 1, len(todo))
+        for w, c in zip(todo, map_in_processes(cepstrum_or_error, [(w, self.sr) for w in todo], workers, progress)):
+            self._seen[id(w)] = (w, c)
 
     def mcd(self, ref: np.ndarray, test: np.ndarray, align: str = "dtw") -> float | None:
         try:
@@ -287,15 +269,15 @@ def stage_gpt(ref: PrecisionRun, run: PrecisionRun, utts: dict[str, Utterance], 
     return rows
 
 
-def end_to_end(ref: PrecisionRun, run: PrecisionRun, seeds, cep: Cepstra, with_dnsmos: bool) -> dict:
-    """-> {record id: the per_sentence row}"""
-    sr = cep.sr
+def end_to_end(ref: PrecisionRun, run: PrecisionRun, seeds, cep: Cepstra, mos: dict[str, float | None] | None) -> dict:
+    """mos: {record id: DNSMOS OVRL of this precision's first-seed audio} (None: not scored)
+    -> {record id: the per_sentence row}"""
     per_sentence = {}
     for rid in ref.utts[seeds[0]]:
         m = [cep.mcd(ref.utts[s][rid].wav, run.utts[s][rid].wav) for s in seeds] if run is not ref else []
         m = [x for x in m if x is not None]
         d = [run.utts[s][rid].duration / max(ref.utts[s][rid].duration, 1e-9) for s in seeds]
-        q = _safe(lambda: metrics.dnsmos(run.utts[seeds[0]][rid].wav, sr)["ovrl"]) if with_dnsmos else None
+        q = mos[rid] if mos is not None else None
         if run is ref:  # FP32 against itself is 0 by construction; its spread comes from the noise floor
             m = [0.0]
         per_sentence[rid] = {"dtw_mcd_db": float(np.mean(m)) if m else None, "duration_ratio": float(np.mean(d)),
@@ -398,10 +380,17 @@ def run_evaluation(cfg: EvalConfig, progress: Callable[[str, int, int], None] | 
     ref_utts = ref.utts[cfg.seeds[0]]
     ref_wavs = decode_segments(ref, ref_utts)
     decoded = {run.name: ref_wavs if run is ref else decode_segments(run, ref_utts) for run in runs}
+    workers = cfg.workers or max(1, len(os.sched_getaffinity(0)) // dist.world_size)
     cep.prefetch([*ref_wavs.values(), *(w for run in runs if run is not ref for w in decoded[run.name].values()),
                   *(u.wav for run in runs for by in run.utts.values() for u in by.values())],
-                 cfg.workers or max(1, len(os.sched_getaffinity(0)) // dist.world_size),
-                 (lambda i, n: progress("cepstra", i, n)) if progress else None)
+                 workers, (lambda i, n: progress("cepstra", i, n)) if progress else None)
+    mos = {}
+    if cfg.dnsmos:
+        first = [(run.name, rid, u.wav) for run in runs for rid, u in run.utts[cfg.seeds[0]].items()]
+        values = map_in_processes(dnsmos_overall, [(w, cep.sr) for _, _, w in first], workers,
+                                  (lambda i, n: progress("dnsmos", i, n)) if progress else None)
+        for (name, rid, _), q in zip(first, values):
+            mos.setdefault(name, {})[rid] = q
     scores = {}
     # numpy's BLAS sums in an order that depends on its thread count, which torchrun sets to 1 per rank: one
     # thread everywhere keeps the scores of a sharded run equal to a single process's
@@ -412,7 +401,7 @@ def run_evaluation(cfg: EvalConfig, progress: Callable[[str, int, int], None] | 
                 progress("score", i, len(runs))
             scores[run.name] = {"decoder_vocoder": stage_decoder(ref_wavs, decoded[run.name], cep, ref_utts),
                                 "gpt_teacher_forced": stage_gpt(ref, run, ref_utts, by_id),
-                                "end_to_end": end_to_end(ref, run, cfg.seeds, cep, cfg.dnsmos)}
+                                "end_to_end": end_to_end(ref, run, cfg.seeds, cep, mos.get(run.name) if cfg.dnsmos else None)}
         floor = floor_rows(ref, cfg.seeds, cep)
     if progress:
         progress("score", len(runs), len(runs))

@@ -96,3 +96,14 @@ def test_cepstra_computed_in_worker_processes_equal_those_computed_here():
     with pytest.raises(ValueError, match="frame"):
         pooled(wavs[2])
     assert pooled.mcd(wavs[2], wavs[0]) is None and pooled.mcd(wavs[0], wavs[1]) == here.mcd(wavs[0], wavs[1])
+
+
+def test_dnsmos_in_worker_processes_equals_dnsmos_here():
+    import numpy as np
+    from evaluation.pool import dnsmos_overall, map_in_processes
+    rng = np.random.default_rng(1)
+    items = [(rng.standard_normal(16000 * 2).astype(np.float32) * 0.1, 16000), (np.zeros(10, np.float32), 16000)]
+    seen = []
+    pooled = map_in_processes(dnsmos_overall, items, workers=2, progress=lambda i, n: seen.append((i, n)))
+    assert pooled == [dnsmos_overall(x) for x in items] and pooled[1] is None and pooled[0] > 0
+    assert seen == [(1, 2), (2, 2)]
