@@ -3,10 +3,11 @@
 # .whl/ (git-ignored), so that a device call can carry them:
 #   torchao (the int4/int8/fp8 recipes), the chattts package and its missing dependencies (`ttsq bench`), and the
 #   scoring stack of `ttsq evaluate` (pysptk and pesq come as sdists, built there with its compiler).
-# On the device, start the command with:
+# On the device, start the command with (PYTHONPATH first: the sdists build against the carried setuptools, whose
+# vendored distutils pysptk's setup.py imports; the image has Cython, numpy and scipy):
+#   export PYTHONPATH=/tmp/site &&
 #   python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl &&
-#   python3 -m pip install -q --no-index --no-deps --no-build-isolation --target /tmp/site .whl/*.tar.gz &&
-#   export PYTHONPATH=/tmp/site
+#   python3 -m pip install -q --no-index --no-deps --no-build-isolation --target /tmp/site .whl/*.tar.gz
 set -euo pipefail
 cd "$(dirname "$0")/.."
 mkdir -p .whl
@@ -23,6 +24,7 @@ python3 -m pip wheel -q --no-deps -w .whl chattts==0.2.5 encodec==0.1.1   # sdis
 # the versions the CPU test suite runs with
 get speechmos==0.0.1.1 pystoi==0.4.1 librosa==0.11.0 soxr==1.1.0 audioread==3.1.0 pooch==1.9.0 platformdirs==4.14.9 \
     decorator==5.3.1 soundfile==0.14.0 cffi==2.1.1 pycparser
+get setuptools==80.10.2  # the version the sdists below were built with here (offline, no build isolation)
 # metadata is prepared with the project venv's build tools (make setup), so no build isolation is needed
 .venv/bin/python -m pip download -q --no-deps --no-binary=:all: --no-build-isolation -d .whl pysptk==1.0.1 pesq==0.0.4
 ls .whl
