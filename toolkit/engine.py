@@ -7,9 +7,9 @@ pinned copy and an event, so with `lookahead` the next chunk's steps are already
 renderer works on this one (on its own CUDA stream).
 
 With `compile=True` the whole step (sampler, 20 blocks, bookkeeping) is one torch.compile'd graph, specialised to
-each batch size and cache bucket, and captured as a CUDA graph: at batch 1 the step is bound by kernel launches, not
-bytes, so fewer, fused kernels are what counts. Compiling costs seconds per new (batch, bucket): warm up first.
-benchmarks/engine_variants.py measures this against the cheaper regional compile ("block") on the GPU."""
+each batch size and cache bucket, and captured as a CUDA graph. Compiling costs seconds per new (batch, bucket):
+warm up first. benchmarks/engine_variants.py measures it against the cheaper regional compile ("block") on the GPU:
+1.1x at batch 1 and 64; what still bounds batch 1 is for a profile to say (benchmarks/README.md)."""
 from __future__ import annotations
 
 import functools
