@@ -28,9 +28,8 @@ class Recipe:
         """The float dtype the non-quantized parts run in."""
         if self.weights in ("fp16", "bf16"):
             return getattr(torch, {"fp16": "float16", "bf16": "bfloat16"}[self.weights])
-        if device.type == "cuda" and self.is_quantized:
-            # the CUDA int4/fp8 kernels take bf16 only; int8's run (and fuse under torch.compile) fastest in it
-            return torch.bfloat16
+        if device.type == "cuda" and self.weights in ("int4", "fp8"):
+            return torch.bfloat16  # the CUDA int4/fp8 kernels take bf16 only
         return torch.float32
 
 
@@ -38,7 +37,7 @@ RECIPES: dict[str, Recipe] = {r.name: r for r in [
     Recipe("fp32", "fp32"),
     Recipe("fp16", "fp16", note="norms, logits, mel coefficients and ISTFT stay fp32"),
     Recipe("bf16", "bf16", note="norms, logits, mel coefficients and ISTFT stay fp32"),
-    Recipe("int8", "int8", note="int8 weight-only, per output channel; bf16 activations on CUDA"),
+    Recipe("int8", "int8", note="int8 weight-only, per output channel"),
     Recipe("w8a8", "int8", "int8", note="int8 weights and dynamic int8 activations; pays off at batch >= 16"),
     Recipe("int4", "int4", group_size=128, note="int4 weight-only, groups of 128"),
     Recipe("int4-g32", "int4", group_size=32, note="int4 weight-only, groups of 32"),
