@@ -2,8 +2,8 @@
 weights at ChatTTS's dimensions (the same measurement as `ttsq bench`: median of repeats, warm-up excluded), with the
 wall time each variant spent compiling and capturing.
 
-    python3 benchmarks/engine_variants.py --variants block,step-dynamic,step --precisions bf16 --batches 1,64 \
-        --out benchmarks/results/engine_variants_h200.json
+    python3 benchmarks/engine_variants.py --variants block,step-dynamic,step --precisions bf16,int8,int8@bf16 \
+        --batches 1,64 --out benchmarks/results/engine_variants_h200.json
 """
 from __future__ import annotations
 
@@ -33,7 +33,8 @@ VARIANTS = {  # name -> Engine(compile=..., compile_options=...)
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--variants", default="block,step-dynamic,step")
-    ap.add_argument("--precisions", default="bf16")
+    ap.add_argument("--precisions", default="bf16",
+                    help="recipes; NAME@DTYPE runs a quantized recipe's float parts in DTYPE (e.g. int8@bf16)")
     ap.add_argument("--batches", default="1,64")
     ap.add_argument("--steps", type=int, default=470)
     ap.add_argument("--dims", choices=("chattts", "tiny"), default="chattts")
@@ -46,7 +47,8 @@ def main(argv=None) -> int:
     rows, t_start = [], time.perf_counter()
     for precision in a.precisions.split(","):
         model = copy.deepcopy(base)
-        quantize(model, precision, device=dev)
+        recipe, _, float_dtype = precision.partition("@")
+        quantize(model, recipe, device=dev, float_dtype=float_dtype or None)
         for variant in a.variants.split(","):
             compile, options = VARIANTS[variant]
             for B in map(int, a.batches.split(",")):

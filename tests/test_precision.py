@@ -103,6 +103,23 @@ def test_unsupported_pairings_name_alternatives(base):
         quantize(copy.deepcopy(base), "fp8", device="cpu")
     with pytest.raises(UnsupportedRecipe, match="unknown precision"):
         quantize(copy.deepcopy(base), "int3", device="cpu")
+    with pytest.raises(UnsupportedRecipe, match="applies to quantized recipes"):
+        quantize(copy.deepcopy(base), "fp16", device="cpu", float_dtype="fp32")
+    with pytest.raises(UnsupportedRecipe, match="unknown float dtype"):
+        quantize(copy.deepcopy(base), "int8", device="cpu", float_dtype="fp64")
+
+
+def test_float_dtype_runs_a_quantized_recipe_around_other_float_parts(base, tmp_path):
+    """int8 weights with bf16 activations (float_dtype) quantize, synthesize and reload in that dtype."""
+    model = copy.deepcopy(base)
+    report = quantize(model, "int8", device="cpu", float_dtype="bf16")
+    assert model.gpt.norm.weight.dtype == torch.bfloat16 and report.plan.quantize
+    assert type(model.gpt.layers[0].attention.wqkv.weight).__name__ != "Parameter"  # a torchao tensor
+    wav = Synthesizer(model, "cpu").synthesize(["Mixed precision."], seed=0,
+                                              params=SamplingParams(max_new_tokens=24))[0].wav
+    assert wav.size and np.isfinite(wav).all()
+    again = load_model(save_artifact(model, tmp_path / "int8-bf16"))
+    assert again.gpt.norm.weight.dtype == torch.bfloat16
 
 
 @pytest.mark.parametrize("name", ["int8", "int4", "bf16"])

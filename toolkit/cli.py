@@ -117,7 +117,7 @@ def cmd_quantize(a) -> int:
     out, report = quantize_to_artifact(a.model, a.precision, a.out, calib_set=a.calib, device=a.device,
                                        limit=a.limit, max_steps=a.max_steps, awq=not a.no_awq,
                                        keep_sensitive=a.keep_sensitive, target_error=a.target_error,
-                                       force=a.force, progress=_progress_bar("quantize"))
+                                       force=a.force, progress=_progress_bar("quantize"), float_dtype=a.float_dtype)
     plan = report.plan
     print(f"wrote {out}")
     print("| precision | quantized layers | kept float (sensitive) | skipped (shape) | size before | size after | "
@@ -209,6 +209,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--target-error", type=float, default=None, help="keep layers in float until the summed "
                    "per-layer relative error is below this")
     s.add_argument("--no-awq", action="store_true", help="skip activation-aware scaling")
+    s.add_argument("--float-dtype", choices=("fp32", "bf16", "fp16"), default=None,
+                   help="what the non-quantized parts and activations run in (default: the recipe's: fp32, or bf16 "
+                        "for int4/fp8 on CUDA)")
     s.add_argument("--force", action="store_true", help="replace an existing --out folder")
     s.set_defaults(func=cmd_quantize, device="cpu")
 

@@ -15,7 +15,8 @@ def quantize_to_artifact(model_path: str | Path | None, precision: str, out: str
                          calib_set: str | Path | None = None, device: str | None = "cpu", limit: int | None = 32,
                          max_steps: int = 96, awq: bool = True, keep_sensitive: int = 0,
                          target_error: float | None = None, force: bool = False,
-                         progress: Callable[[str, int, int], None] | None = None) -> tuple[Path, QuantReport]:
+                         progress: Callable[[str, int, int], None] | None = None,
+                         float_dtype: str | None = None) -> tuple[Path, QuantReport]:
     dev = resolve_device(device)
     out = Path(out)
     if out.exists() and not force:  # fail before the slow part
@@ -30,5 +31,5 @@ def quantize_to_artifact(model_path: str | Path | None, precision: str, out: str
         calib_meta = {"file": str(calib_set), "sha256": set_hash(calib_set), "texts": len(records),
                       "max_steps": max_steps}
     report = quantize(model, precision, device=dev, calib=calib, awq=awq, keep_sensitive=keep_sensitive,
-                      target_error=target_error, progress=progress)
+                      target_error=target_error, progress=progress, float_dtype=float_dtype)
     return save_artifact(model, out, force=force, calib=calib_meta), report

@@ -70,11 +70,15 @@ def calibrate(model: TTSModel, recipe: Recipe, calib: CalibrationData, names: li
 
 def quantize(model: TTSModel, precision: str, *, device: torch.device | str | None = None,
              calib: CalibrationData | None = None, awq: bool = True, keep_sensitive: int = 0,
-             target_error: float | None = None, progress: Callable[[str, int, int], None] | None = None) -> QuantReport:
+             target_error: float | None = None, progress: Callable[[str, int, int], None] | None = None,
+             float_dtype: str | None = None) -> QuantReport:
     """Apply a recipe in place. With calibration data: activation-aware scaling (unless awq=False), then the
-    `keep_sensitive` most sensitive layers (or as many as `target_error` needs) stay in higher precision."""
+    `keep_sensitive` most sensitive layers (or as many as `target_error` needs) stay in higher precision.
+    float_dtype ("fp32", "bf16", "fp16"): what the non-quantized parts and activations run in, where the recipe's
+    kernels allow (default: the recipe's)."""
     device = torch.device(device) if device is not None else model.gpt.norm.weight.device
     recipe = get_recipe(precision, device)
+    dtype = recipe.compute_dtype(device, float_dtype)  # checked before the slow part
     report = QuantReport(precision, device.type, LayerPlan(), bytes_before=state_bytes(model))
     reference = stage_outputs(model, calib) if calib is not None else None
     plan = report.plan
@@ -99,7 +103,7 @@ def quantize(model: TTSModel, precision: str, *, device: torch.device | str | No
         for n in set(plan.keep) & set(unclipped):  # kept in float: its full range back
             mods[n].weight.copy_(unclipped[n])
             del plan.clipped[n]
-    model.to(device=device, dtype=recipe.compute_dtype(device))
+    model.to(device=device, dtype=dtype)
     if recipe.is_quantized and plan.quantize:
         from torchao.quantization import quantize_
         chosen = set(plan.quantize)

@@ -10,6 +10,9 @@ from torch import nn
 os.environ.setdefault("TORCHAO_FORCE_SKIP_LOADING_SO_FILES", "1")  # quiets CUDA .so errors on CPU-only hosts
 
 
+FLOAT_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+
+
 @dataclass(frozen=True)
 class Recipe:
     name: str
@@ -24,13 +27,21 @@ class Recipe:
     def is_quantized(self) -> bool:
         return self.weights in ("int8", "int4", "fp8")
 
-    def compute_dtype(self, device: torch.device) -> torch.dtype:
-        """The float dtype the non-quantized parts run in."""
+    def compute_dtype(self, device: torch.device, float_dtype: str | None = None) -> torch.dtype:
+        """The float dtype the non-quantized parts (and the activations) run in; float_dtype overrides it for a
+        quantized recipe where its kernels allow."""
         if self.weights in ("fp16", "bf16"):
-            return getattr(torch, {"fp16": "float16", "bf16": "bfloat16"}[self.weights])
+            if float_dtype not in (None, self.weights):
+                raise UnsupportedRecipe(f"--float-dtype applies to quantized recipes; {self.name} is {self.weights}")
+            return FLOAT_DTYPES[self.weights]
         if device.type == "cuda" and self.weights in ("int4", "fp8"):
-            return torch.bfloat16  # the CUDA int4/fp8 kernels take bf16 only
-        return torch.float32
+            if float_dtype not in (None, "bf16"):
+                raise UnsupportedRecipe(f"{self.name} on CUDA runs its float parts in bf16 only (its kernels take "
+                                        "nothing else); drop --float-dtype or pass bf16")
+            return torch.bfloat16
+        if float_dtype is not None and float_dtype not in FLOAT_DTYPES:
+            raise UnsupportedRecipe(f"unknown float dtype {float_dtype!r}; choose one of {', '.join(FLOAT_DTYPES)}")
+        return FLOAT_DTYPES[float_dtype or "fp32"]
 
 
 RECIPES: dict[str, Recipe] = {r.name: r for r in [
