@@ -79,13 +79,23 @@ def decode_rate(model: TTSModel, B: int, steps: int, dev: torch.device, *, graph
     return steps / statistics.median(times)
 
 
+def _timed(fn, dev: torch.device) -> float:
+    sync_device(dev)
+    t0 = time.perf_counter()
+    fn()
+    sync_device(dev)
+    return time.perf_counter() - t0
+
+
 def utterance_timing(model: TTSModel, steps: int, dev: torch.device, *, prompt: int = 32,
-                     repeats: int = 3, compile: bool = False) -> tuple[float, float]:
-    """(RTF of one whole utterance: GPT + Decoder + Vocos, time to first audio when streaming), medians."""
+                     repeats: int = 3, compile: bool = False, parts: dict | None = None) -> tuple[float, float]:
+    """(RTF of one whole utterance: GPT + Decoder + Vocos, time to first audio when streaming), medians.
+    parts: filled with where first audio's time goes, medians too: the prefill plus the first chunk of steps, and
+    one render of the states first audio needs (timed apart, each between syncs)."""
     eng = Engine(model.gpt, compile=compile)
     emb, valid = _prompt(model, 1, prompt, dev)
     p = SamplingParams(max_new_tokens=steps, min_new_tokens=steps)
-    rtf, first = [], []
+    rtf, first, first_chunk, render = [], [], [], []
     for r in range(repeats + 1):  # the first round warms up
         sync_device(dev)
         t0 = time.perf_counter()
@@ -100,9 +110,20 @@ def utterance_timing(model: TTSModel, steps: int, dev: torch.device, *, prompt: 
         next(pieces)
         first_audio = time.perf_counter() - t0
         pieces.close()
+        chunks = eng.stream(emb, valid, p, seed=r, reserve=steps)
+        t_chunk = _timed(lambda: next(chunks), dev)
+        chunks.close()
+        states = gen.hidden[0, : StreamRenderer(model).first_audio_step]
+        t_render = _timed(lambda: StreamRenderer(model).push(states), dev)
         if r:
             rtf.append(wall / (wav.shape[-1] / model.sample_rate))
             first.append(first_audio)
+            first_chunk.append(t_chunk)
+            render.append(t_render)
+    if parts is not None:
+        parts.update(prefill_and_first_chunk_s=statistics.median(first_chunk), chunk_steps=eng.chunk,
+                     first_audio_steps=StreamRenderer(model).first_audio_step,
+                     render_first_audio_s=statistics.median(render))
     return statistics.median(rtf), statistics.median(first)
 
 
@@ -125,8 +146,10 @@ def bench_precision(base: TTSModel, name: str, cfg: BenchConfig, dev: torch.devi
         if dev.type == "cuda":
             row["peak_mem_bytes"][str(B)] = torch.cuda.max_memory_allocated(dev)
     if "1" in row["steps_per_s"]:  # RTF and first audio are batch-1 figures
+        row["first_audio_parts"] = {}
         row["rtf"], row["time_to_first_audio_s"] = utterance_timing(model, cfg.steps, dev, prompt=cfg.prompt,
-                                                                    repeats=cfg.repeats, compile=cfg.compile)
+                                                                    repeats=cfg.repeats, compile=cfg.compile,
+                                                                    parts=row["first_audio_parts"])
     if not row["steps_per_s"]:
         raise RuntimeError("no batch size ran: " + "; ".join(row.get("errors", {}).values()))
     return row
@@ -258,4 +281,11 @@ def markdown(report: dict) -> str:
                           else ref[b].get("skipped") or "failed: " + ref[b].get("error", "")[-200:])
              for b in batches if b in ref]
     lines += ["", "chattts package, same run: " + "; ".join(cells)]
+    parts = []
+    for name, r in report["ttsq"].items():
+        if f := r.get("first_audio_parts"):
+            parts.append(f"{name}: prefill + {f['chunk_steps']} steps {f['prefill_and_first_chunk_s'] * 1e3:.1f} ms, "
+                         f"render of the first {f['first_audio_steps']} states {f['render_first_audio_s'] * 1e3:.1f} ms")
+    if parts:
+        lines += ["", "Where first audio goes (batch 1, each part timed alone): " + "; ".join(parts)]
     return "\n".join(lines) + "\n"
