@@ -380,7 +380,8 @@ def run_evaluation(cfg: EvalConfig, progress: Callable[[str, int, int], None] | 
     ref_utts = ref.utts[cfg.seeds[0]]
     ref_wavs = decode_segments(ref, ref_utts)
     decoded = {run.name: ref_wavs if run is ref else decode_segments(run, ref_utts) for run in runs}
-    workers = cfg.workers or max(1, len(os.sched_getaffinity(0)) // dist.world_size)
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)  # not on macOS
+    workers = cfg.workers or max(1, cores // dist.world_size)
     cep.prefetch([*ref_wavs.values(), *(w for run in runs if run is not ref for w in decoded[run.name].values()),
                   *(u.wav for run in runs for by in run.utts.values() for u in by.values())],
                  workers, (lambda i, n: progress("cepstra", i, n)) if progress else None)
