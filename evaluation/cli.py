@@ -21,7 +21,8 @@ def add_evaluate_parser(sub, model_args) -> None:
     s.add_argument("--batch-size", type=int, default=8, help="sentences synthesized together (a unit of work)")
     s.add_argument("--no-dnsmos", action="store_true", help="skip DNSMOS (saves ~15 s of start-up)")
     s.add_argument("--workers", type=int, default=None,
-                   help="processes for the mel-cepstra of scoring (default: the usable CPU cores, shared by the ranks)")
+                   help="processes for scoring's mel-cepstra and DNSMOS (default: the usable CPU cores, shared by "
+                        "the ranks)")
     s.add_argument("--distributed", action="store_true",
                    help="shard the set across the ranks of `torchrun --nproc-per-node N -m toolkit.cli evaluate ...`; "
                         "rank 0 writes the report")

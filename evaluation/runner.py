@@ -51,7 +51,7 @@ class EvalConfig:
     repeats: int = 3  # timing repeats; medians are reported
     throughput_batches: tuple[int, ...] = (1, 8)
     dnsmos: bool = True
-    workers: int | None = None  # processes for the mel-cepstra of scoring; None: the usable cores / ranks
+    workers: int | None = None  # processes for scoring's mel-cepstra and DNSMOS; None: the usable cores / ranks
 
 
 @dataclass
@@ -193,9 +193,9 @@ class Cepstra:
     def prefetch(self, wavs: list[np.ndarray], workers: int,
                  progress: Callable[[int, int], None] | None = None) -> None:
         """Compute the cepstra of `wavs` in `workers` processes now (with 1, leave them to be computed on use)."""
-        todo = list({id(w): w for w in wavs if self._seen.get(id(w), (None,))[0] is not w}.values())
         if workers <= 1:
             return
+        todo = list({id(w): w for w in wavs if self._seen.get(id(w), (None,))[0] is not w}.values())
         for w, c in zip(todo, map_in_processes(cepstrum_or_error, [(w, self.sr) for w in todo], workers, progress)):
             self._seen[id(w)] = (w, c)
 
@@ -402,7 +402,7 @@ def run_evaluation(cfg: EvalConfig, progress: Callable[[str, int, int], None] | 
                 progress("score", i, len(runs))
             scores[run.name] = {"decoder_vocoder": stage_decoder(ref_wavs, decoded[run.name], cep, ref_utts),
                                 "gpt_teacher_forced": stage_gpt(ref, run, ref_utts, by_id),
-                                "end_to_end": end_to_end(ref, run, cfg.seeds, cep, mos.get(run.name) if cfg.dnsmos else None)}
+                                "end_to_end": end_to_end(ref, run, cfg.seeds, cep, mos.get(run.name))}
         floor = floor_rows(ref, cfg.seeds, cep)
     if progress:
         progress("score", len(runs), len(runs))

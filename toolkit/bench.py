@@ -62,6 +62,15 @@ def _prompt(model: TTSModel, B: int, T: int, dev: torch.device):
     return emb, torch.ones(B, T, dtype=torch.bool, device=dev)
 
 
+def _timed(fn, dev: torch.device) -> float:
+    """Seconds fn() takes, with the device's queued work drained before and after."""
+    sync_device(dev)
+    t0 = time.perf_counter()
+    fn()
+    sync_device(dev)
+    return time.perf_counter() - t0
+
+
 def decode_rate(model: TTSModel, B: int, steps: int, dev: torch.device, *, graphs: bool = True, prompt: int = 32,
                 repeats: int = 3, compile: bool | str = False, compile_options: dict | None = None) -> float:
     """GPT steps/s for B sequences of exactly `steps` codes; the first run (warm-up, compile, capture) is not timed."""
@@ -69,22 +78,8 @@ def decode_rate(model: TTSModel, B: int, steps: int, dev: torch.device, *, graph
     emb, valid = _prompt(model, B, prompt, dev)
     p = SamplingParams(max_new_tokens=steps, min_new_tokens=steps)
     eng.generate(emb, valid, p, reserve=steps)  # one cache size: one compile per batch with compile=True
-    times = []
-    for r in range(repeats):
-        sync_device(dev)
-        t0 = time.perf_counter()
-        eng.generate(emb, valid, p, seed=r, reserve=steps)
-        sync_device(dev)
-        times.append(time.perf_counter() - t0)
+    times = [_timed(lambda: eng.generate(emb, valid, p, seed=r, reserve=steps), dev) for r in range(repeats)]
     return steps / statistics.median(times)
-
-
-def _timed(fn, dev: torch.device) -> float:
-    sync_device(dev)
-    t0 = time.perf_counter()
-    fn()
-    sync_device(dev)
-    return time.perf_counter() - t0
 
 
 def utterance_timing(model: TTSModel, steps: int, dev: torch.device, *, prompt: int = 32,
@@ -95,6 +90,7 @@ def utterance_timing(model: TTSModel, steps: int, dev: torch.device, *, prompt: 
     eng = Engine(model.gpt, compile=compile)
     emb, valid = _prompt(model, 1, prompt, dev)
     p = SamplingParams(max_new_tokens=steps, min_new_tokens=steps)
+    first_audio_steps = StreamRenderer(model).first_audio_step
     rtf, first, first_chunk, render = [], [], [], []
     for r in range(repeats + 1):  # the first round warms up
         sync_device(dev)
@@ -113,7 +109,7 @@ def utterance_timing(model: TTSModel, steps: int, dev: torch.device, *, prompt: 
         chunks = eng.stream(emb, valid, p, seed=r, reserve=steps)
         t_chunk = _timed(lambda: next(chunks), dev)
         chunks.close()
-        states = gen.hidden[0, : StreamRenderer(model).first_audio_step]
+        states = gen.hidden[0, :first_audio_steps]
         t_render = _timed(lambda: StreamRenderer(model).push(states), dev)
         if r:
             rtf.append(wall / (wav.shape[-1] / model.sample_rate))
@@ -122,7 +118,7 @@ def utterance_timing(model: TTSModel, steps: int, dev: torch.device, *, prompt: 
             render.append(t_render)
     if parts is not None:
         parts.update(prefill_and_first_chunk_s=statistics.median(first_chunk), chunk_steps=eng.chunk,
-                     first_audio_steps=StreamRenderer(model).first_audio_step,
+                     first_audio_steps=first_audio_steps,
                      render_first_audio_s=statistics.median(render))
     return statistics.median(rtf), statistics.median(first)
 

@@ -38,9 +38,13 @@ class StreamRenderer:
         self.window = model.vocos.window.float()
         device = self.window.device
         self.side = torch.cuda.Stream(device) if device.type == "cuda" else None
-        self.overlaps = self.side is not None  # worth asking the engine to run a chunk ahead
         # the fewest GPT states after which push() returns samples: ask the engine for them at that point
         self.first_audio_step = (self.r_dec + self.r_voc + self.n_fft // (2 * self.hop)) // 2 + 1
+
+    @property
+    def overlaps(self) -> bool:
+        """Whether rendering runs beside the GPT steps (its own CUDA stream): worth asking the engine to run ahead."""
+        return self.side is not None
 
     def push(self, hidden: Tensor, ready: "torch.cuda.Event | None" = None) -> np.ndarray:
         """hidden (n, D); ready: the event after which hidden is complete (Chunk.ready) on CUDA."""
