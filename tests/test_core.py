@@ -398,3 +398,21 @@ def test_reserve_sizes_the_cache_once_and_changes_nothing_else(tiny_synth):
     assert not grows
     assert torch.equal(reserved.codes, grown.codes)
     torch.testing.assert_close(reserved.hidden, grown.hidden, rtol=1e-4, atol=1e-4)
+
+
+def test_top_k_first_sampler_keeps_what_a_full_sort_keeps():
+    # the top-k path must mask exactly what top-p over the full sort followed by top-k masks
+    from toolkit.sampling import process_logits
+
+    g = torch.Generator().manual_seed(0)
+    N, V = 32, 626
+    for scale, top_p, top_k in [(1.0, 0.7, 20), (6.0, 0.7, 20), (3.0, 0.95, 50), (8.0, 0.2, 3), (0.1, 0.99, 20)]:
+        logits = torch.randn(N, V, generator=g) * scale
+        history, temperature = torch.full((N, 4), V), torch.ones(N)
+        fast = process_logits(logits, history, SamplingParams(top_p=top_p, top_k=top_k), temperature)
+        by_sort = process_logits(logits, history, SamplingParams(top_p=top_p, top_k=V), temperature)
+        kth = by_sort.topk(top_k, dim=-1).values[:, -1:]
+        by_sort = by_sort.masked_fill(by_sort < kth, float("-inf"))
+        assert torch.equal(fast.isinf(), by_sort.isinf()), (scale, top_p, top_k)
+        kept = (~fast.isinf()).sum(-1)
+        assert int(kept.min()) >= 3 and int(kept.max()) <= top_k

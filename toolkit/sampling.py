@@ -17,16 +17,23 @@ def process_logits(logits: Tensor, history: Tensor, p: SamplingParams, temperatu
         counts.scatter_add_(1, history, torch.ones_like(history, dtype=logits.dtype))
         alpha = torch.pow(p.repetition_penalty, counts[:, :V])
         logits = torch.where(logits < 0, logits * alpha, logits / alpha)
-    if p.top_p < 1.0:
+    k = min(max(p.top_k, p.min_keep), V)
+    if k < V:
+        # top-p then top-k (ChatTTS's order) keeps a prefix of the ranking, so the k best and the full logsumexp
+        # decide it: a top-k instead of a sort of all V, which was the step's slowest kernel at batch 1
+        best = logits.topk(k, dim=-1).values  # (N, k) descending
+        if p.top_p < 1.0:
+            probs = (best - logits.logsumexp(-1, keepdim=True)).exp()
+            above = probs.cumsum(-1) - probs  # probability of the better-ranked tokens
+            kept = (above < p.top_p).sum(-1, keepdim=True).clamp(min=min(p.min_keep, k))
+            best = best.gather(1, kept - 1)
+        logits = logits.masked_fill(logits < best[:, -1:], float("-inf"))
+    elif p.top_p < 1.0:
         sorted_logits, order = logits.sort(dim=-1)  # ascending
         cum = sorted_logits.softmax(-1).cumsum(-1)
         drop = cum <= 1 - p.top_p
         drop[:, -p.min_keep:] = False
         logits = logits.masked_fill(drop.scatter(1, order, drop), float("-inf"))
-    k = min(max(p.top_k, p.min_keep), V)
-    if k < V:
-        kth = logits.topk(k, dim=-1).values[:, -1:]
-        logits = logits.masked_fill(logits < kth, float("-inf"))
     return logits
 
 
