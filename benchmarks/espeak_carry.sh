@@ -25,7 +25,7 @@ case "${1:-}" in
     while IFS= read -r so; do
       name=$(basename "$so")
       if [ "${3:-}" = --all ] || ! ldconfig -p | grep -q " $name "; then cp -L "$so" "$dir/lib/$name"; fi
-    done < <(find "$stage" -name 'lib*.so.*' \( -type f -o -type l \))
+    done < <(find "$stage" \( -name 'lib*.so.*' -o -name 'lib*.so' \) \( -type f -o -type l \))  # lib*.so: libpulsecommon-16.1.so
     echo "export PATH=\"$stage/usr/bin:\$PATH\" LD_LIBRARY_PATH=\"$dir/lib\${LD_LIBRARY_PATH:+:\$LD_LIBRARY_PATH}\"" \
       "ESPEAK_DATA_PATH=\"$stage/usr/lib/x86_64-linux-gnu/espeak-ng-data\"" ;;
   *) echo "usage: $0 fetch | install DIR [--all]" >&2; exit 2 ;;

@@ -25,6 +25,7 @@ python3 -m pip wheel -q --no-deps -w .whl chattts==0.2.5 encodec==0.1.1   # sdis
 get speechmos==0.0.1.1 pystoi==0.4.1 librosa==0.11.0 soxr==1.1.0 audioread==3.1.0 pooch==1.9.0 platformdirs==4.14.9 \
     decorator==5.3.1 soundfile==0.14.0 cffi==2.1.1 pycparser
 get setuptools==80.10.2  # the version the sdists below were built with here (offline, no build isolation)
+get pytest-runner==6.0.1  # pesq's setup_requires: without it on PYTHONPATH its offline build fails (H200, 2026-12-03)
 # metadata is prepared with the project venv's build tools (make setup), so no build isolation is needed
 .venv/bin/python -m pip download -q --no-deps --no-binary=:all: --no-build-isolation -d .whl pysptk==1.0.1 pesq==0.0.4
 ls .whl
