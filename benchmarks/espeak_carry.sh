@@ -22,9 +22,10 @@ case "${1:-}" in
     stage="$dir/stage"
     mkdir -p "$stage" "$dir/lib"
     for f in .espeak/*.deb; do dpkg -x "$f" "$stage"; done
+    known=$( (PATH=$PATH:/sbin:/usr/sbin ldconfig -p 2>/dev/null) || true)  # libraries the machine has
     while IFS= read -r so; do
       name=$(basename "$so")
-      if [ "${3:-}" = --all ] || ! ldconfig -p | grep -q " $name "; then cp -L "$so" "$dir/lib/$name"; fi
+      if [ "${3:-}" = --all ] || ! grep -qF $'\t'"$name " <<<"$known"; then cp -L "$so" "$dir/lib/$name"; fi
     done < <(find "$stage" \( -name 'lib*.so.*' -o -name 'lib*.so' \) \( -type f -o -type l \))  # lib*.so: libpulsecommon-16.1.so
     echo "export PATH=\"$stage/usr/bin:\$PATH\" LD_LIBRARY_PATH=\"$dir/lib\${LD_LIBRARY_PATH:+:\$LD_LIBRARY_PATH}\"" \
       "ESPEAK_DATA_PATH=\"$stage/usr/lib/x86_64-linux-gnu/espeak-ng-data\"" ;;

@@ -3,11 +3,9 @@
 # .whl/ (git-ignored), so that a device call can carry them:
 #   torchao (the int4/int8/fp8 recipes), the chattts package and its missing dependencies (`ttsq bench`), and the
 #   scoring stack of `ttsq evaluate` (pysptk and pesq come as sdists, built there with its compiler).
-# On the device, start the command with (PYTHONPATH first: the sdists build against the carried setuptools, whose
-# vendored distutils pysptk's setup.py imports; the image has Cython, numpy and scipy):
-#   export PYTHONPATH=/tmp/site &&
-#   python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl &&
-#   python3 -m pip install -q --no-index --no-deps --no-build-isolation --target /tmp/site .whl/*.tar.gz
+# On the device, start the command with `source benchmarks/device_env.sh`, which installs them into /tmp/site.
+# .whl/eval/ is the subset `ttsq evaluate` needs (torchao, the scoring stack, speechmos's DNSMOS models only): carry
+# it instead of .whl/ when the shipped voice and .espeak/ travel too (the carry limit is 64 MiB).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 mkdir -p .whl
@@ -28,4 +26,12 @@ get setuptools==80.10.2  # the version the sdists below were built with here (of
 get pytest-runner==6.0.1  # pesq's setup_requires: without it on PYTHONPATH its offline build fails (H200, 2026-12-03)
 # metadata is prepared with the project venv's build tools (make setup), so no build isolation is needed
 .venv/bin/python -m pip download -q --no-deps --no-binary=:all: --no-build-isolation -d .whl pysptk==1.0.1 pesq==0.0.4
-ls .whl
+rm -rf .whl/eval && mkdir -p .whl/eval/site
+for f in torchao soundfile soxr librosa cffi pycparser pooch platformdirs decorator audioread pystoi setuptools \
+         pytest_runner; do cp .whl/"$f"-*.whl .whl/eval/; done
+cp .whl/pysptk-*.tar.gz .whl/pesq-*.tar.gz .whl/eval/
+# speechmos unpacked, with only the DNSMOS models it loads (the wheel's other models are 7 MB of the carry)
+(cd .whl/eval/site && python3 -m zipfile -e ../../speechmos-0.0.1.1-py3-none-any.whl . &&
+   rm -rf speechmos-*.dist-info speechmos/aecmos_models speechmos/plcmos_models speechmos/pdnsmos_models \
+          speechmos/dnsmos_models/bak_ovr.onnx speechmos/dnsmos_models/sig.onnx)
+du -sh .whl .whl/eval
