@@ -113,6 +113,7 @@ def main(argv=None) -> int:
     counts = {"ok": 0, "streamed": 0, "expected_errors": 0, "unexpected_errors": 0, "oom_provoked": 0,
               "oom_recovered": 0, "nan_in_audio": 0}
     failures, samples, audio_s = [], [], 0.0
+    shapes_seen: set = set()
     t_start = time.perf_counter()
     for i in range(args.requests):
         name = rng.choice(list(synths))
@@ -147,10 +148,14 @@ def main(argv=None) -> int:
             counts["unexpected_errors"] += 1
             failures.append(f"request {i} ({name}): {type(e).__name__}: {e}")
             print(failures[-1], file=sys.stderr, flush=True)
+        cached = {(prec, key) for prec, sy in synths.items() for key in sy.engine.cached_shapes()}
+        shapes_seen |= cached
         if i % 50 == 0 or i == args.requests - 1:
-            samples.append({"request": i, "rss_mib": rss_mib(), "device_mib": device_mib(dev)})
-            print(f"{i + 1}/{args.requests} rss {samples[-1]['rss_mib']:.0f} MiB, errors {counts['unexpected_errors']}",
-                  flush=True)
+            # if host memory grows only while new step shapes (buffers, graphs) keep turning up, it is a cache filling
+            samples.append({"request": i, "rss_mib": rss_mib(), "device_mib": device_mib(dev),
+                            "shapes_cached": len(cached), "shapes_seen": len(shapes_seen)})
+            print(f"{i + 1}/{args.requests} rss {samples[-1]['rss_mib']:.0f} MiB, shapes {len(cached)} cached / "
+                  f"{len(shapes_seen)} seen, errors {counts['unexpected_errors']}", flush=True)
     wall = time.perf_counter() - t_start
     after = {p: probe(s) for p, s in synths.items()}
     memory_at_end = device_snapshot(dev)

@@ -127,6 +127,10 @@ class Engine:
         self._graphs: OrderedDict[tuple, tuple[torch.cuda.CUDAGraph, DecodeState]] = OrderedDict()
         self._states: OrderedDict[tuple, DecodeState] = OrderedDict()
 
+    def cached_shapes(self) -> list[tuple]:
+        """Keys (batch, cache shape, dtype, sampling settings) of the step buffers and graphs kept now, oldest first."""
+        return [*self._graphs, *self._states]
+
     def release(self) -> None:
         """Drop the KV cache, step buffers and graphs (after an out-of-memory error); the next call reallocates."""
         self._graphs.clear()
