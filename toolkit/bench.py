@@ -85,13 +85,13 @@ def decode_rate(model: TTSModel, B: int, steps: int, dev: torch.device, *, graph
 def utterance_timing(model: TTSModel, steps: int, dev: torch.device, *, prompt: int = 32,
                      repeats: int = 3, compile: bool = False, parts: dict | None = None) -> tuple[float, float]:
     """(RTF of one whole utterance: GPT + Decoder + Vocos, time to first audio when streaming), medians.
-    parts: filled with where first audio's time goes, medians too: the prefill plus the first chunk of steps, and
+    parts: filled with where first audio's time goes, medians too: the prefill plus one step, and
     one render of the states first audio needs (timed apart, each between syncs)."""
     eng = Engine(model.gpt, compile=compile)
     emb, valid = _prompt(model, 1, prompt, dev)
     p = SamplingParams(max_new_tokens=steps, min_new_tokens=steps)
     first_audio_steps = StreamRenderer(model).first_audio_step
-    rtf, first, first_chunk, render = [], [], [], []
+    rtf, first, prefill, render = [], [], [], []
     for r in range(repeats + 1):  # the first round warms up
         sync_device(dev)
         t0 = time.perf_counter()
@@ -106,19 +106,18 @@ def utterance_timing(model: TTSModel, steps: int, dev: torch.device, *, prompt: 
         next(pieces)
         first_audio = time.perf_counter() - t0
         pieces.close()
-        chunks = eng.stream(emb, valid, p, seed=r, reserve=steps)
-        t_chunk = _timed(lambda: next(chunks), dev)
+        chunks = eng.stream(emb, valid, p, seed=r, first_yield=1, reserve=steps)  # handed over after one step
+        t_prefill = _timed(lambda: next(chunks), dev)
         chunks.close()
         states = gen.hidden[0, :first_audio_steps]
         t_render = _timed(lambda: StreamRenderer(model).push(states), dev)
         if r:
             rtf.append(wall / (wav.shape[-1] / model.sample_rate))
             first.append(first_audio)
-            first_chunk.append(t_chunk)
+            prefill.append(t_prefill)
             render.append(t_render)
     if parts is not None:
-        parts.update(prefill_and_first_chunk_s=statistics.median(first_chunk), chunk_steps=eng.chunk,
-                     first_audio_steps=first_audio_steps,
+        parts.update(prefill_and_first_step_s=statistics.median(prefill), first_audio_steps=first_audio_steps,
                      render_first_audio_s=statistics.median(render))
     return statistics.median(rtf), statistics.median(first)
 
@@ -280,7 +279,7 @@ def markdown(report: dict) -> str:
     parts = []
     for name, r in report["ttsq"].items():
         if f := r.get("first_audio_parts"):
-            parts.append(f"{name}: prefill + {f['chunk_steps']} steps {f['prefill_and_first_chunk_s'] * 1e3:.1f} ms, "
+            parts.append(f"{name}: prefill + 1 step {f['prefill_and_first_step_s'] * 1e3:.1f} ms, "
                          f"render of the first {f['first_audio_steps']} states {f['render_first_audio_s'] * 1e3:.1f} ms")
     if parts:
         lines += ["", "Where first audio goes (batch 1, each part timed alone): " + "; ".join(parts)]
