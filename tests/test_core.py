@@ -416,3 +416,26 @@ def test_top_k_first_sampler_keeps_what_a_full_sort_keeps():
         assert torch.equal(fast.isinf(), by_sort.isinf()), (scale, top_p, top_k)
         kept = (~fast.isinf()).sum(-1)
         assert int(kept.min()) >= 3 and int(kept.max()) <= top_k
+
+
+def test_prefill_padded_to_its_bucket_samples_the_same_codes(tiny_synth):
+    """prefill_graphs pads each prompt on the left to a PREFILL_BUCKET multiple (so that a few captured graphs serve
+    every prompt length on CUDA); the padding is masked, so generation is unchanged, for a batch of unequal prompts
+    too, and a prompt that nearly fills max_positions still leaves a step."""
+    from toolkit.engine import PREFILL_BUCKET, Engine
+    from toolkit.prompt import encode_prompts
+    model = tiny_synth.model
+    emb, valid = encode_prompts(model, ["a short one.", "and a somewhat longer prompt, to pad unevenly."],
+                                tiny_synth.speaker_vector(0))
+    assert emb.shape[1] % PREFILL_BUCKET  # so that padding happens
+    params = SamplingParams(max_new_tokens=40, min_new_tokens=40)
+    plain = Engine(model.gpt).generate(emb, valid, params, seed=3)
+    padded_engine = Engine(model.gpt, prefill_graphs=True)
+    padded = padded_engine.generate(emb, valid, params, seed=3)
+    assert model.gpt.cache_shape[1] % 256 == 0 and torch.equal(padded.codes, plain.codes)
+    torch.testing.assert_close(padded.hidden, plain.hidden, rtol=1e-4, atol=1e-4)
+    T = model.gpt.cfg.max_positions - 5  # a bucket's padding would leave no room: padding stops one short
+    long_prompt = emb[:1, -1:].expand(1, T, -1).contiguous()
+    near_full = padded_engine.generate(long_prompt, torch.ones(1, T, dtype=torch.bool),
+                                       SamplingParams(max_new_tokens=50, min_new_tokens=50), seed=3)
+    assert near_full.codes.shape[1] == 1

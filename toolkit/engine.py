@@ -9,7 +9,13 @@ renderer works on this one (on its own CUDA stream).
 With `compile=True` the whole step (sampler, 20 blocks, bookkeeping) is one torch.compile'd graph, specialised to
 each batch size and cache bucket, and captured as a CUDA graph. Compiling costs seconds per new (batch, bucket):
 warm up first. benchmarks/engine_variants.py measures it against the cheaper regional compile ("block") on the GPU:
-1.1x at batch 1 and 64; what still bounds batch 1 is for a profile to say (benchmarks/README.md)."""
+1.1x at batch 1 and 64; at batch 1 the step is bound by the latency of its ~227 small kernels (benchmarks/README.md).
+
+With `prefill_graphs=True` the prompt is left-padded to a multiple of PREFILL_BUCKET (padding is masked like a batch's
+own) and, on CUDA, the prefill replays a graph captured per (batch, padded length, cache) instead of launching every
+kernel of every layer from the host. `ttsq bench` puts the plain prefill of a 32-token prompt at about 20 ms of the
+H200's first audio; benchmarks/prefill.py measures what the graph saves (not yet run on a GPU, so it is off by
+default)."""
 from __future__ import annotations
 
 import functools
@@ -20,6 +26,7 @@ from dataclasses import dataclass
 from typing import Callable, Iterator
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from .models.gpt import GPT, BlockRunner, call_block
@@ -29,6 +36,7 @@ CACHE_BUCKET = 256  # cache lengths are rounded up to this, so new lengths rarel
 # captured graphs (or CPU step buffers) kept, least recently used dropped: a server that varies sampling settings
 # per request would otherwise hold a graph, and its buffers, for every combination it ever saw
 MAX_GRAPHS = 32
+PREFILL_BUCKET = 32  # prompt lengths are padded to this with prefill_graphs, so a few graphs serve every prompt
 
 
 def sync_device(device: torch.device) -> None:
@@ -99,12 +107,14 @@ def decode_step(gpt: GPT, s: DecodeState, p: SamplingParams, chunk: int,
 
 class Engine:
     def __init__(self, gpt: GPT, chunk: int = 16, cuda_graphs: bool = True, compile: bool | str = False,
-                 compile_options: dict | None = None):
+                 compile_options: dict | None = None, prefill_graphs: bool = False):
         """compile: False (eager), True or "step" (the whole decode step, fused across layers and with the sampler,
         static shapes: one compile per batch size and cache bucket), "block" (regional: one compiled block with
         dynamic shapes serves every layer, batch and bucket; compiles once, fuses less). Prefill runs through the
-        compiled block in both modes. compile_options: torch.compile arguments for the step."""
+        compiled block in both modes. compile_options: torch.compile arguments for the step.
+        prefill_graphs: pad prompts to PREFILL_BUCKET and replay the prefill as a CUDA graph (see the module doc)."""
         self.gpt = gpt
+        self.prefill_graphs = prefill_graphs
         self.chunk = chunk
         self.cuda_graphs = cuda_graphs
         self._run_block: BlockRunner = call_block
@@ -124,7 +134,7 @@ class Engine:
                 # static: dynamic shapes cost 3x at batch 64 on the H200 (benchmarks/results/engine_variants_h200.json)
                 self._decode_step = torch.compile(decode_step, **{"fullgraph": True, "dynamic": False,
                                                                   **(compile_options or {})})
-        self._graphs: OrderedDict[tuple, tuple[torch.cuda.CUDAGraph, DecodeState]] = OrderedDict()
+        self._graphs: OrderedDict[tuple, tuple[torch.cuda.CUDAGraph, object]] = OrderedDict()  # decode and prefill
         self._states: OrderedDict[tuple, DecodeState] = OrderedDict()
 
     def cached_shapes(self) -> list[tuple]:
@@ -186,41 +196,75 @@ class Engine:
         cfg = self.gpt.cfg
         key = (B, self.gpt.cache_shape, dtype, p.top_p, p.top_k, p.repetition_penalty, p.penalty_window, p.min_keep)
         use_graph = self.cuda_graphs and device.type == "cuda"
-        kept = self._graphs if use_graph else self._states
-        if key not in kept:
+
+        def make():
             state = DecodeState(B, cfg.hidden, cfg.num_vq, cfg.num_audio_tokens, p.penalty_window, self.chunk, dtype, device)
-            try:
-                kept[key] = self._capture(state, p) if use_graph else state
-            except RuntimeError as e:  # some kernels cannot be captured (torchao's w8a8 on the H200 is one)
-                if not use_graph or "captur" not in str(e).lower():
-                    raise
-                warnings.warn(f"this model's decode step cannot be captured in a CUDA graph ({str(e).strip()[:160]}); "
-                              "decoding without graphs from now on, more slowly", RuntimeWarning, stacklevel=4)
-                self.cuda_graphs = False
-                self._graphs.clear()  # never replayed again
-                sync_device(device)
-                return self._make_runner(B, p, dtype, device)
+            return (self._graph_of(lambda: self._step(state, p), device), state) if use_graph else state
+
+        try:
+            kept = self._kept(self._graphs if use_graph else self._states, key, make)
+        except RuntimeError as e:  # some kernels cannot be captured (torchao's w8a8 on the H200 is one)
+            if not use_graph or "captur" not in str(e).lower():
+                raise
+            warnings.warn(f"this model's decode step cannot be captured in a CUDA graph ({str(e).strip()[:160]}); "
+                          "decoding without graphs from now on, more slowly", RuntimeWarning, stacklevel=4)
+            self.cuda_graphs = False
+            self._graphs.clear()  # never replayed again
+            sync_device(device)
+            return self._make_runner(B, p, dtype, device)
+        if not use_graph:
+            return (lambda: self._step(kept, p)), kept
+        graph, state = kept
+        return graph.replay, state
+
+    def _prefill_runner(self, B: int, T: int, dtype, device) -> Callable[[Tensor, Tensor], Tensor]:
+        """(emb (B, T, D), rope positions (B, T)) -> last hidden (B, D), filling cache slots [0, T): a replayed graph
+        with prefill_graphs on CUDA (captured here if new; it scribbles on the cache), else a plain call."""
+        gpt = self.gpt
+        slots = torch.arange(T, device=device)
+        if not (self.prefill_graphs and self.cuda_graphs and device.type == "cuda"):
+            return lambda emb, rope: gpt(emb, slots, rope, self._run_block)[:, -1]
+
+        def make():
+            emb_in = torch.zeros(B, T, gpt.cfg.hidden, dtype=dtype, device=device)
+            rope_in = torch.zeros(B, T, dtype=torch.long, device=device)
+            out = torch.zeros(B, gpt.cfg.hidden, dtype=dtype, device=device)
+            graph = self._graph_of(lambda: out.copy_(gpt(emb_in, slots, rope_in, self._run_block)[:, -1]), device)
+            return graph, (emb_in, rope_in, out)
+
+        graph, (emb_in, rope_in, out) = self._kept(self._graphs, ("prefill", B, T, gpt.cache_shape, dtype), make)
+
+        def replay(emb: Tensor, rope: Tensor) -> Tensor:
+            emb_in.copy_(emb)
+            rope_in.copy_(rope)
+            graph.replay()
+            return out
+
+        return replay
+
+    @staticmethod
+    def _kept(kept: OrderedDict, key: tuple, make: Callable[[], object]):
+        """kept[key], made if missing; the least recently used beyond MAX_GRAPHS are dropped."""
+        if key not in kept:
+            kept[key] = make()
             while len(kept) > MAX_GRAPHS:
                 kept.popitem(last=False)
         kept.move_to_end(key)
-        if not use_graph:
-            state = kept[key]
-            return (lambda: self._step(state, p)), state
-        graph, state = kept[key]
-        return graph.replay, state
+        return kept[key]
 
-    def _capture(self, state: DecodeState, p: SamplingParams) -> tuple[torch.cuda.CUDAGraph, DecodeState]:
-        device = state.h.device
+    @staticmethod
+    def _graph_of(run: Callable[[], object], device: torch.device) -> torch.cuda.CUDAGraph:
+        """run() captured as a CUDA graph, after warm-up runs on a side stream (lazy inits, workspaces, compiles)."""
         side = torch.cuda.Stream(device)
         side.wait_stream(torch.cuda.current_stream(device))
         with torch.cuda.stream(side):
-            for _ in range(2):  # warm-up outside the graph (lazy inits, cuBLAS workspaces, compilation)
-                self._step(state, p)
+            for _ in range(2):
+                run()
         torch.cuda.current_stream(device).wait_stream(side)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
-            self._step(state, p)
-        return graph, state
+            run()
+        return graph
 
     @torch.inference_mode()
     def stream(self, emb: Tensor, valid: Tensor, params: SamplingParams, seed: int = 0,
@@ -256,15 +300,19 @@ class Engine:
             raise ValueError(f"prompt of {T} tokens leaves no room to generate (max_positions {cfg.max_positions}); "
                              "split the text into shorter sentences")
         dev, dtype = emb.device, gpt.norm.weight.dtype
+        if self.prefill_graphs:
+            pad = min(-T % PREFILL_BUCKET, cfg.max_positions - T - 1)  # a step's room is never padded away
+            emb, valid = F.pad(emb, (0, 0, pad, 0)), F.pad(valid, (pad, 0))  # left: the last position stays last
+            steps, T = min(steps, cfg.max_positions - T - pad), T + pad
         # the cache starts at the prompt plus one bucket and grows by buckets: attention cost follows the length
         first = T + min(max(self.chunk, reserve), steps)
         self._ensure_cache(B, first)
         step_fn, s = self._runner(B, params, dtype, dev)  # may capture, which writes the cache: prefill after
+        prefill = self._prefill_runner(B, T, dtype, dev)
         self._ensure_cache(B, first)
         gpt.key_valid[:B].fill_(True)
         gpt.key_valid[:B, :T] = valid
-        rope = (valid.long().cumsum(1) - 1).clamp(min=0)
-        s.h.copy_(gpt(emb.to(dtype), torch.arange(T, device=dev), rope, self._run_block)[:, -1])
+        s.h.copy_(prefill(emb.to(dtype), (valid.long().cumsum(1) - 1).clamp(min=0)))
         s.step.zero_()
         s.prompt_len.fill_(T)
         s.min_new.fill_(params.min_new_tokens)
