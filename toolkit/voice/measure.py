@@ -79,6 +79,8 @@ def main(argv=None):
     ap.add_argument("--json", type=Path, default=None)
     ap.add_argument("--pictures", type=Path, default=None)
     ap.add_argument("--dnsmos", type=int, default=100, help="how many sentences DNSMOS scores (slow on CPU)")
+    ap.add_argument("--temperature", type=float, default=None, help="sampling temperature (default: ChatTTS's)")
+    ap.add_argument("--top-p", type=float, default=None, help="top-p (default: ChatTTS's)")
     a = ap.parse_args(argv)
 
     import soundfile as sf
@@ -91,7 +93,8 @@ def main(argv=None):
     items = [json.loads(line) for line in open(a.corpus / "meta.jsonl", encoding="utf-8")]
     items = [it for it in items if it["split"] == "heldout"][: a.n]
     syn = Synthesizer(a.model, device=a.device)
-    params = SamplingParams(max_new_tokens=a.max_new_tokens)
+    chosen = {k: v for k, v in (("temperature", a.temperature), ("top_p", a.top_p)) if v is not None}
+    params = SamplingParams(max_new_tokens=a.max_new_tokens, **chosen)
     t0 = time.time()
     out: dict[str, object] = {}
     for spk in sorted({it["speaker"] for it in items}):
@@ -127,7 +130,7 @@ def main(argv=None):
         "speaker_distance_synth": speaker_distances(items, wavs),
         "speaker_distance_reference": speaker_distances(items, refs),
         "per_language": {},
-        "settings": {"seed": a.seed, "max_new_tokens": a.max_new_tokens, "sampling": "ChatTTS defaults",
+        "settings": {"seed": a.seed, "max_new_tokens": a.max_new_tokens, "sampling": {"ChatTTS defaults, except": chosen} if chosen else "ChatTTS defaults",
                      "speaker": "the held-out sentence's speaker, by voice name"},
     }
     for lang in ("en", "zh"):
