@@ -135,6 +135,51 @@ def test_gpt_resumes_from_the_shipped_voice_on_a_codes_pack(tmp_path):
         torch.testing.assert_close(rebuilt[k], v, rtol=1e-3, atol=1e-3)  # stored in fp16
     main(["--data", str(tmp_path / "corpus" / "pack"), "--resume", str(tmp_path / "ckpt"), "--stages", "gpt",
           "--out", str(tmp_path / "run"), "--gpt-steps", "1", "--gpt-batch", "4", "--device", "cpu",
-          "--save-every", "0"])
+          "--save-every", "0", "--eos-weight", "4"])
     step = json.loads((SHIPPED / "manifest.json").read_text())["voice"]["trained_steps"]["gpt"]
     assert json.loads((tmp_path / "run" / "gpt.json").read_text())["step"] == step + 1
+
+
+@needs_espeak
+def test_alignment_check_reads_along_the_text_on_a_training_sentence(tmp_path):
+    """The alignment diagnostic on the shipped voice: its guided heads walk along a sentence it trained on (low
+    off-diagonal mass, far below what attention spread evenly over the text would give), and it writes its picture."""
+    import json
+
+    import torch
+
+    from toolkit.voice.alignment import main
+    from toolkit.voice.corpus import build
+    from toolkit.voice.train import off_diagonal_mass
+
+    build(tmp_path / "corpus", n_train=4, n_heldout=1, seed=0, workers=1, vocoder_seconds=200)
+    main(["--corpus", str(tmp_path / "corpus"), "--n", "1", "--out", str(tmp_path / "a.png"),
+          "--json", str(tmp_path / "a.json")])
+    rows = {r["split"]: r for r in json.loads((tmp_path / "a.json").read_text())}
+    assert (tmp_path / "a.png").stat().st_size > 1000 and set(rows) == {"train", "heldout"}
+    train = rows["train"]
+    T, N = train["text_positions"], train["code_steps"]
+    L = T + N
+    uniform = torch.zeros(1, 1, L, L)
+    uniform[..., :T] = 1 / T  # attention spread evenly over the text: what an unaligned model would give
+    per_q, is_q = off_diagonal_mass(uniform, torch.tensor([T]), torch.tensor([N]))
+    spread = float((per_q * is_q[:, None]).sum() / is_q.sum())
+    assert train["eos"] and train["off_diagonal_mass"] < spread / 2, (train, spread)
+    assert all(0 <= r["off_diagonal_mass"] <= 1 for r in rows.values())
+
+
+def test_code_loss_weighs_the_eos_target():
+    """--eos-weight: 1 is plain cross-entropy; w > 1 is the weighted mean, so a model that misses EOS loses more."""
+    import torch
+    import torch.nn.functional as F
+
+    from toolkit.voice.train import code_loss
+
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(6, 4, 626, generator=g)
+    target = torch.randint(0, 625, (6, 4), generator=g)
+    target[-1] = 625  # the last position's target is EOS in every codebook
+    each = F.cross_entropy(logits.reshape(-1, 626), target.reshape(-1), reduction="none")
+    torch.testing.assert_close(code_loss(logits, target, 625), each.mean())
+    weighted = (each[:-4].sum() + 3 * each[-4:].sum()) / (20 + 3 * 4)
+    torch.testing.assert_close(code_loss(logits, target, 625, 3.0), weighted)

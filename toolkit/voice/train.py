@@ -324,6 +324,34 @@ def encode_all(enc: DVAEEncoder, cfg: ModelConfig, data: Data, device, batch: in
 
 
 # --- stage 3: GPT + Decoder ---------------------------------------------------------------------
+GUIDED_LAYER, GUIDED_HEADS = 1, 2  # the layer and heads the guided-attention loss shapes (layer 2 of the voice)
+
+
+def text_attention(attn, x: Tensor, cos: Tensor, sin: Tensor, text_len: Tensor, heads: int) -> Tensor:
+    """The first `heads` heads' attention over text keys only: x (B, L, D) the layer's input -> (B, heads, L, L)."""
+    from ..models.gpt import rotate_half
+    B, L, _ = x.shape
+    q, k, _ = attn.wqkv(x).view(B, L, 3, attn.heads, attn.head_dim).unbind(2)
+    q, k = (t.transpose(1, 2)[:, :heads] for t in (q, k))
+    q, k = q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
+    is_text = torch.arange(L, device=x.device)[None] < text_len[:, None]  # keys (B, L)
+    scores = (q.float() @ k.float().transpose(-1, -2)) / math.sqrt(attn.head_dim)
+    return scores.masked_fill(~is_text[:, None, None, :], float("-inf")).softmax(-1)
+
+
+def off_diagonal_mass(att: Tensor, text_len: Tensor, code_len: Tensor, g: float = 0.2) -> tuple[Tensor, Tensor]:
+    """Attention (B, h, L, L) -> (mass each code-step query puts away from the text diagonal (B, h, L), which
+    queries are code steps (B, L)). Weight 1 - exp(-d^2 / 2g^2) on the distance d between relative positions."""
+    L = att.shape[-1]
+    pos = torch.arange(L, device=att.device)
+    Tt, Nc = text_len[:, None], code_len[:, None]
+    j = pos[None] - (Tt - 1)  # query's code step
+    is_q = (j >= 0) & (j <= Nc)
+    W = 1 - torch.exp(-((pos[None, None, :] / Tt[..., None] - j[..., None] / (Nc[..., None] + 1)) ** 2) / (2 * g * g))
+    W = W * (pos[None] < Tt)[:, None, :]  # (B, Lq, Lk)
+    return (att * W[:, None]).sum(-1), is_q
+
+
 class GuidedAttention:
     """Captures the input of one attention layer and scores its text attention against the diagonal."""
 
@@ -336,27 +364,18 @@ class GuidedAttention:
             self.x = args  # (x, cos, sin, mask, input_pos)
 
     def loss(self, text_len: Tensor, code_len: Tensor, g: float = 0.2) -> Tensor:
-        x, cos, sin = self.x[:3]
-        a = self.attn
-        B, L, D = x.shape
-        q, k, _ = a.wqkv(x).view(B, L, 3, a.heads, a.head_dim).unbind(2)
-        q, k = (t.transpose(1, 2)[:, : self.heads] for t in (q, k))
-        from ..models.gpt import rotate_half
-        c, s = cos, sin
-        q, k = q * c + rotate_half(q) * s, k * c + rotate_half(k) * s
-        pos = torch.arange(L, device=x.device)
-        Tt, Nc = text_len[:, None], code_len[:, None]
-        is_text = pos[None] < Tt  # keys (B, L)
-        j = pos[None] - (Tt - 1)  # query's code step
-        is_q = (j >= 0) & (j <= Nc)
-        scores = (q.float() @ k.float().transpose(-1, -2)) / math.sqrt(a.head_dim)  # (B, h, L, L)
-        scores = scores.masked_fill(~is_text[:, None, None, :], float("-inf"))
-        att = scores.softmax(-1)
-        W = 1 - torch.exp(-((pos[None, None, :] / Tt[..., None] - j[..., None] / (Nc[..., None] + 1)) ** 2) / (2 * g * g))
-        W = W * is_text[:, None, :]  # (B, Lq, Lk)
-        per_q = (att * W[:, None]).sum(-1)  # (B, h, L)
+        per_q, is_q = off_diagonal_mass(text_attention(self.attn, *self.x[:3], text_len, self.heads), text_len,
+                                        code_len, g)
         m = is_q[:, None, :].float()
         return (per_q * m).sum() / (m.sum() * self.heads)
+
+
+def code_loss(logits: Tensor, target: Tensor, eos_code: int, eos_weight: float = 1.0) -> Tensor:
+    """Cross-entropy of logits (M, Q, V) against target (M, Q), each EOS target weighted eos_weight: v3 reads the
+    whole text, then stops late (docs/voice/MODEL_CARD.md), so the stop can be made to count more."""
+    ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), target.reshape(-1), reduction="none")
+    weight = torch.where(target.reshape(-1) == eos_code, eos_weight, 1.0)
+    return (ce * weight).sum() / weight.sum()
 
 
 def build_batch(gpt: GPT, spk_table: nn.Parameter, data: Data, codes: list[Tensor], idx, spk_id: int, device):
@@ -411,7 +430,7 @@ def train_gpt(cfg: ModelConfig, data: Data, codes: list[Tensor], args, device, l
         decoder.load_state_dict(sub_state(prev[0], "decoder."))
         spk_table.data.copy_(prev[0]["spk_table"].to(device))
         step0 = prev[1].get("step", 0)
-    guided = GuidedAttention(gpt, layer=min(1, cfg.gpt.layers - 1), heads=2)
+    guided = GuidedAttention(gpt, layer=min(GUIDED_LAYER, cfg.gpt.layers - 1), heads=GUIDED_HEADS)
     params = list(gpt.parameters()) + list(decoder.parameters()) + [spk_table]
     decay = [p for p in params if p.dim() >= 2 and p is not spk_table]
     rest = [p for p in params if not (p.dim() >= 2 and p is not spk_table)]
@@ -442,7 +461,7 @@ def train_gpt(cfg: ModelConfig, data: Data, codes: list[Tensor], args, device, l
             h = gpt.forward_full(x, valid)
             sel = tgt[..., 0] != -100
             logits = gpt.code_logits(h[sel])  # (M, Q, V)
-            ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), tgt[sel].reshape(-1))
+            ce = code_loss(logits, tgt[sel], gpt.cfg.eos_code, args.eos_weight)
             # the Decoder reads the state each code is sampled from: positions T-1 .. T+N-2
             j = torch.arange(int(N.max()), device=device)
             pos = (T[:, None] - 1 + j[None]).clamp(max=L - 1)
@@ -601,6 +620,7 @@ def main(argv=None):
     ap.add_argument("--gpt-tokens", type=int, default=24000, help="token budget per GPT batch")
     ap.add_argument("--mel-weight", type=float, default=1.0)
     ap.add_argument("--guided", type=float, default=1.0, help="guided-attention loss weight")
+    ap.add_argument("--eos-weight", type=float, default=1.0, help="weight of the EOS target in the code loss")
     ap.add_argument("--log-every", type=int, default=50)
     ap.add_argument("--save-every", type=float, default=2.0, help="minutes between GPT checkpoints (0: end only)")
     ap.add_argument("--restart-schedule", action="store_true",
