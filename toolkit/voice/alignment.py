@@ -38,8 +38,7 @@ def sentence_alignment(syn, text: str, speaker: str, max_new_tokens: int = 450) 
     hook.remove()
     T, N = torch.tensor([emb.shape[1]]), torch.tensor([n])
     att = text_attention(layer, *seen["x"][:3], T, GUIDED_HEADS)  # (1, h, L, L)
-    per_q, is_q = off_diagonal_mass(att, T, N)
-    mass = float((per_q * is_q[:, None]).sum() / (is_q.sum() * GUIDED_HEADS))
+    mass = float(off_diagonal_mass(att, T, N))
     rows = att[0].mean(0)[emb.shape[1] - 1: emb.shape[1] - 1 + n, : emb.shape[1]]  # code steps x text positions
     return rows.cpu().numpy(), mass, bool(gen.finished[0])
 

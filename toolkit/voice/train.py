@@ -339,17 +339,18 @@ def text_attention(attn, x: Tensor, cos: Tensor, sin: Tensor, text_len: Tensor, 
     return scores.masked_fill(~is_text[:, None, None, :], float("-inf")).softmax(-1)
 
 
-def off_diagonal_mass(att: Tensor, text_len: Tensor, code_len: Tensor, g: float = 0.2) -> tuple[Tensor, Tensor]:
-    """Attention (B, h, L, L) -> (mass each code-step query puts away from the text diagonal (B, h, L), which
-    queries are code steps (B, L)). Weight 1 - exp(-d^2 / 2g^2) on the distance d between relative positions."""
-    L = att.shape[-1]
+def off_diagonal_mass(att: Tensor, text_len: Tensor, code_len: Tensor, g: float = 0.2) -> Tensor:
+    """Attention (B, h, L, L) over text keys -> the mean mass code-step queries put away from the text diagonal
+    (weight 1 - exp(-d^2 / 2g^2) on the distance d between relative positions): the guided-attention loss."""
+    L, heads = att.shape[-1], att.shape[1]
     pos = torch.arange(L, device=att.device)
     Tt, Nc = text_len[:, None], code_len[:, None]
     j = pos[None] - (Tt - 1)  # query's code step
-    is_q = (j >= 0) & (j <= Nc)
+    is_q = ((j >= 0) & (j <= Nc))[:, None, :].float()  # (B, 1, L)
     W = 1 - torch.exp(-((pos[None, None, :] / Tt[..., None] - j[..., None] / (Nc[..., None] + 1)) ** 2) / (2 * g * g))
     W = W * (pos[None] < Tt)[:, None, :]  # (B, Lq, Lk)
-    return (att * W[:, None]).sum(-1), is_q
+    per_q = (att * W[:, None]).sum(-1)  # (B, h, L)
+    return (per_q * is_q).sum() / (is_q.sum() * heads)
 
 
 class GuidedAttention:
@@ -364,10 +365,7 @@ class GuidedAttention:
             self.x = args  # (x, cos, sin, mask, input_pos)
 
     def loss(self, text_len: Tensor, code_len: Tensor, g: float = 0.2) -> Tensor:
-        per_q, is_q = off_diagonal_mass(text_attention(self.attn, *self.x[:3], text_len, self.heads), text_len,
-                                        code_len, g)
-        m = is_q[:, None, :].float()
-        return (per_q * m).sum() / (m.sum() * self.heads)
+        return off_diagonal_mass(text_attention(self.attn, *self.x[:3], text_len, self.heads), text_len, code_len, g)
 
 
 def code_loss(logits: Tensor, target: Tensor, eos_code: int, eos_weight: float = 1.0) -> Tensor:
