@@ -17,8 +17,8 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from toolkit.bench import _prompt, _timed, random_model  # noqa: E402
-from toolkit.engine import Engine  # noqa: E402
+from toolkit.bench import _prompt, random_model  # noqa: E402
+from toolkit.engine import Engine, timed  # noqa: E402
 from toolkit.precision import quantize  # noqa: E402
 from toolkit.sampling import SamplingParams  # noqa: E402
 
@@ -48,7 +48,7 @@ def main(argv=None) -> int:
             times = []
             for r in range(a.repeats):
                 chunks = engine.stream(emb, valid, params, seed=r, first_yield=1, reserve=32)
-                times.append(_timed(lambda: next(chunks), dev))
+                times.append(timed(lambda: next(chunks), dev))
                 chunks.close()
             row["prefill_graphs" if graphs else "plain"] = round(statistics.median(times) * 1e3, 3)
         row["speedup"] = round(row["plain"] / row["prefill_graphs"], 2)

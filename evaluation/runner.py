@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from toolkit import SamplingParams, Synthesizer, Utterance
-from toolkit.engine import sync_device
+from toolkit.engine import sync_device, timed
 from toolkit.precision import state_bytes
 from toolkit.text import expected_seconds
 from toolkit.textsets import TextRecord, load_text_set, set_hash
@@ -149,15 +149,12 @@ def measure_performance(run: PrecisionRun, records: list[TextRecord], cfg: EvalC
     texts = [r.text for r in records]
     for b in cfg.throughput_batches:
         batch = (texts * math.ceil(b / len(texts)))[:b]
-        rates = []
-        for r in range(cfg.repeats + 1):  # the first run warms up this batch size's buffers and graphs
-            sync_device(synth.device)
-            t0 = time.perf_counter()
-            utts = synth.synthesize(batch, seed=0, params=params, batch_size=b, **TEXT_SET)
-            sync_device(synth.device)
-            if r:
-                rates.append(sum(u.duration for u in utts) / (time.perf_counter() - t0))
-        throughput[str(b)] = statistics.median(rates)
+
+        def run_batch():
+            return synth.synthesize(batch, seed=0, params=params, batch_size=b, **TEXT_SET)
+
+        audio_s = sum(u.duration for u in run_batch())  # also warms up this batch size's buffers and graphs
+        throughput[str(b)] = statistics.median(audio_s / timed(run_batch, synth.device) for _ in range(cfg.repeats))
     perf = {
         "latency_s": statistics.median(lat), "rtf": statistics.median(rtf), "steps_per_s": statistics.median(sps),
         "time_to_first_audio_s": statistics.median(first),

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from .engine import Engine, sync_device
+from .engine import Engine, sync_device, timed
 from .models import ModelConfig, TTSModel, tiny
 from .plan import render_stream
 from .precision import quantize, state_bytes
@@ -62,15 +62,6 @@ def _prompt(model: TTSModel, B: int, T: int, dev: torch.device):
     return emb, torch.ones(B, T, dtype=torch.bool, device=dev)
 
 
-def _timed(fn, dev: torch.device) -> float:
-    """Seconds fn() takes, with the device's queued work drained before and after."""
-    sync_device(dev)
-    t0 = time.perf_counter()
-    fn()
-    sync_device(dev)
-    return time.perf_counter() - t0
-
-
 def decode_rate(model: TTSModel, B: int, steps: int, dev: torch.device, *, graphs: bool = True, prompt: int = 32,
                 repeats: int = 3, compile: bool | str = False, compile_options: dict | None = None) -> float:
     """GPT steps/s for B sequences of exactly `steps` codes; the first run (warm-up, compile, capture) is not timed."""
@@ -78,7 +69,7 @@ def decode_rate(model: TTSModel, B: int, steps: int, dev: torch.device, *, graph
     emb, valid = _prompt(model, B, prompt, dev)
     p = SamplingParams(max_new_tokens=steps, min_new_tokens=steps)
     eng.generate(emb, valid, p, reserve=steps)  # one cache size: one compile per batch with compile=True
-    times = [_timed(lambda: eng.generate(emb, valid, p, seed=r, reserve=steps), dev) for r in range(repeats)]
+    times = [timed(lambda: eng.generate(emb, valid, p, seed=r, reserve=steps), dev) for r in range(repeats)]
     return steps / statistics.median(times)
 
 
@@ -107,10 +98,10 @@ def utterance_timing(model: TTSModel, steps: int, dev: torch.device, *, prompt: 
         first_audio = time.perf_counter() - t0
         pieces.close()
         chunks = eng.stream(emb, valid, p, seed=r, first_yield=1, reserve=steps)  # handed over after one step
-        t_prefill = _timed(lambda: next(chunks), dev)
+        t_prefill = timed(lambda: next(chunks), dev)
         chunks.close()
         states = gen.hidden[0, :first_audio_steps]
-        t_render = _timed(lambda: StreamRenderer(model).push(states), dev)
+        t_render = timed(lambda: StreamRenderer(model).push(states), dev)
         if r:
             rtf.append(wall / (wav.shape[-1] / model.sample_rate))
             first.append(first_audio)

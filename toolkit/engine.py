@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+import time
 import warnings
 from collections import OrderedDict, deque
 from dataclasses import dataclass
@@ -43,6 +44,15 @@ def sync_device(device: torch.device) -> None:
     """Wait for the device's queued work (timings, and before reading results on the host)."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)
+
+
+def timed(fn: Callable[[], object], device: torch.device) -> float:
+    """Seconds fn() takes, with the device's queued work drained before and after."""
+    sync_device(device)
+    t0 = time.perf_counter()
+    fn()
+    sync_device(device)
+    return time.perf_counter() - t0
 
 
 @dataclass
@@ -198,7 +208,8 @@ class Engine:
         use_graph = self.cuda_graphs and device.type == "cuda"
 
         def make():
-            state = DecodeState(B, cfg.hidden, cfg.num_vq, cfg.num_audio_tokens, p.penalty_window, self.chunk, dtype, device)
+            state = DecodeState(B, cfg.hidden, cfg.num_vq, cfg.num_audio_tokens, p.penalty_window, self.chunk, dtype,
+                                device)
             return (self._graph_of(lambda: self._step(state, p), device), state) if use_graph else state
 
         try:

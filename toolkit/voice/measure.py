@@ -130,7 +130,8 @@ def main(argv=None):
         "speaker_distance_synth": speaker_distances(items, wavs),
         "speaker_distance_reference": speaker_distances(items, refs),
         "per_language": {},
-        "settings": {"seed": a.seed, "max_new_tokens": a.max_new_tokens, "sampling": {"ChatTTS defaults, except": chosen} if chosen else "ChatTTS defaults",
+        "settings": {"seed": a.seed, "max_new_tokens": a.max_new_tokens,
+                     "sampling": {"ChatTTS defaults, except": chosen} if chosen else "ChatTTS defaults",
                      "speaker": "the held-out sentence's speaker, by voice name"},
     }
     for lang in ("en", "zh"):
