@@ -21,12 +21,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from toolkit.bench import STEPS_PER_S, decode_rate, random_model  # noqa: E402
 from toolkit.precision import quantize  # noqa: E402
 
-VARIANTS = {  # name -> Engine(compile=..., compile_options=...)
-    "graphs": (False, None),
-    "block": ("block", None),
-    "step-dynamic": (True, {"dynamic": True}),
-    "step": (True, None),  # static shapes, the default of Engine(compile=True)
-    "step-autotune": (True, {"mode": "max-autotune-no-cudagraphs"}),
+VARIANTS = {  # name -> Engine arguments
+    "graphs": dict(compile=False),
+    "block": dict(compile="block"),
+    "step-dynamic": dict(compile=True, compile_options={"dynamic": True}),
+    "step": dict(compile=True),  # static shapes, the default of Engine(compile=True)
+    "step-autotune": dict(compile=True, compile_options={"mode": "max-autotune-no-cudagraphs"}),
+    "step-gemv": dict(compile=True, gemv_rows=8),  # batch <= 8: linears as fused multiply-and-sum reductions
+    "step-gemv-autotune": dict(compile=True, gemv_rows=8, compile_options={"options": {"coordinate_descent_tuning": True}}),
 }
 
 
@@ -50,7 +52,6 @@ def main(argv=None) -> int:
         recipe, _, float_dtype = precision.partition("@")
         quantize(model, recipe, device=dev, float_dtype=float_dtype or None)
         for variant in a.variants.split(","):
-            compile, options = VARIANTS[variant]
             for B in map(int, a.batches.split(",")):
                 if time.perf_counter() - t_start > a.budget_s:
                     print(f"skipped {precision} {variant} b{B}: over the time budget", flush=True)
@@ -59,7 +60,7 @@ def main(argv=None) -> int:
                 t0 = time.perf_counter()
                 row = dict(precision=precision, variant=variant, batch=B)
                 try:
-                    sps = decode_rate(model, B, a.steps, dev, compile=compile, compile_options=options)
+                    sps = decode_rate(model, B, a.steps, dev, **VARIANTS[variant])
                     row.update(steps_per_s=round(sps, 1), audio_s_per_s=round(sps * B / STEPS_PER_S, 1))
                 except Exception as e:  # noqa: BLE001 - recorded; the other variants still run
                     row["error"] = f"{type(e).__name__}: {e}"[:300]

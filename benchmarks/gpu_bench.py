@@ -67,10 +67,10 @@ def main():
             row["rel_error"] = {s: relative_error(out[s], ref[s]) for s in out}
             if dev.type == "cuda":
                 torch.cuda.reset_peak_memory_stats(dev)
-            row["steps_per_s_b1_graph"] = decode_rate(model, 1, STEPS_10S, dev, graphs=True)
+            row["steps_per_s_b1_graph"] = decode_rate(model, 1, STEPS_10S, dev, cuda_graphs=True)
             if dev.type == "cuda":
                 row["peak_mem_b1_bytes"] = torch.cuda.max_memory_allocated(dev)
-            row["steps_per_s_b1_eager"] = decode_rate(model, 1, 64, dev, graphs=False, repeats=1)
+            row["steps_per_s_b1_eager"] = decode_rate(model, 1, 64, dev, cuda_graphs=False, repeats=1)
             row["rtf_10s_b1"], row["time_to_first_audio_s"] = utterance_timing(model, STEPS_10S, dev)
             for b in batches:
                 if dev.type == "cuda":

@@ -96,11 +96,13 @@ def main(argv=None) -> int:
     ap.add_argument("--device", default=None)
     ap.add_argument("--precisions", default="fp32,bf16,int8")
     ap.add_argument("--requests", type=int, default=1000)
+    ap.add_argument("--minutes", type=float, default=None,
+                    help="stop early, cleanly (final probes, results written), once this much wall time has passed")
     ap.add_argument("--max-steps", type=int, default=96, help="upper end of each request's random max_new_tokens")
     ap.add_argument("--max-texts", type=int, default=8, help="largest number of texts in one request")
     ap.add_argument("--lengths", default="short,medium,long", help="length buckets of calibration texts to draw from")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--out", required=True, help="JSON file to write (a .md summary is written beside it)")
+    ap.add_argument("--out", required=True, help="JSON file to write")
     args = ap.parse_args(argv)
     warnings.simplefilter("ignore")  # "reached max_new_tokens" is expected with capped lengths
     rng = random.Random(args.seed)
@@ -114,7 +116,11 @@ def main(argv=None) -> int:
               "oom_recovered": 0, "nan_in_audio": 0}
     failures, samples, audio_s = [], [], 0.0
     shapes_seen: set = set()
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    command = "python3 benchmarks/soak.py " + " ".join(sys.argv[1:] if argv is None else argv)
     t_start = time.perf_counter()
+    deadline = t_start + 60 * args.minutes if args.minutes else float("inf")
     for i in range(args.requests):
         name = rng.choice(list(synths))
         synth = synths[name]
@@ -150,32 +156,37 @@ def main(argv=None) -> int:
             print(failures[-1], file=sys.stderr, flush=True)
         cached = {(prec, key) for prec, sy in synths.items() for key in sy.engine.cached_shapes()}
         shapes_seen |= cached
-        if i % 50 == 0 or i == args.requests - 1:
+        done = i + 1
+        last = done == args.requests or time.perf_counter() > deadline
+        if i % 50 == 0 or last:
             # if host memory grows only while new step shapes (buffers, graphs) keep turning up, it is a cache filling
             samples.append({"request": i, "rss_mib": rss_mib(), "device_mib": device_mib(dev),
                             "shapes_cached": len(cached), "shapes_seen": len(shapes_seen)})
             print(f"{i + 1}/{args.requests} rss {samples[-1]['rss_mib']:.0f} MiB, shapes {len(cached)} cached / "
                   f"{len(shapes_seen)} seen, errors {counts['unexpected_errors']}", flush=True)
+            # rewritten as it goes: a run killed by a time limit still leaves its record so far
+            out.write_text(json.dumps({"complete": False, "command": command, "requests": done, "counts": counts,
+                                       "memory_samples": samples, "failures": failures[:50]}, indent=1))
+        if last:
+            break
     wall = time.perf_counter() - t_start
     after = {p: probe(s) for p, s in synths.items()}
     memory_at_end = device_snapshot(dev)
     deterministic = {p: bool(np.array_equal(before[p], after[p])) for p in synths}
     # memory growth: steady state (after the first fifth, once every shape has been seen) to the end
-    steady = [s for s in samples if s["request"] >= args.requests // 5]
+    steady = [s for s in samples if s["request"] >= done // 5]
     growth = steady[-1]["rss_mib"] - statistics.median(s["rss_mib"] for s in steady[: max(1, len(steady) // 4)])
     dev_growth = (steady[-1]["device_mib"] - steady[0]["device_mib"]) if dev.type == "cuda" else None
     result = {
-        "command": "python3 benchmarks/soak.py " + " ".join(sys.argv[1:] if argv is None else argv),
+        "complete": True, "command": command,
         "hardware": torch.cuda.get_device_name(dev) if dev.type == "cuda"
         else f"{platform.machine()} CPU, {torch.get_num_threads()} threads",
         "torch": torch.__version__, "model": args.model or "shipped voice", "precisions": list(synths),
-        "requests": args.requests, "wall_s": wall, "audio_s": audio_s, "counts": counts,
+        "requests": done, "requests_asked": args.requests, "wall_s": wall, "audio_s": audio_s, "counts": counts,
         "deterministic_probe": deterministic, "rss_growth_mib_steady_state": growth,
         "device_growth_mib": dev_growth, "device_memory_start": memory_at_start, "device_memory_end": memory_at_end,
         "memory_samples": samples, "failures": failures[:50],
     }
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=1))
     ok = (counts["unexpected_errors"] == 0 and counts["nan_in_audio"] == 0 and all(deterministic.values())
           and counts["oom_recovered"] == counts["oom_provoked"])

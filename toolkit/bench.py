@@ -62,10 +62,11 @@ def _prompt(model: TTSModel, B: int, T: int, dev: torch.device):
     return emb, torch.ones(B, T, dtype=torch.bool, device=dev)
 
 
-def decode_rate(model: TTSModel, B: int, steps: int, dev: torch.device, *, graphs: bool = True, prompt: int = 32,
-                repeats: int = 3, compile: bool | str = False, compile_options: dict | None = None) -> float:
-    """GPT steps/s for B sequences of exactly `steps` codes; the first run (warm-up, compile, capture) is not timed."""
-    eng = Engine(model.gpt, cuda_graphs=graphs, compile=compile, compile_options=compile_options)
+def decode_rate(model: TTSModel, B: int, steps: int, dev: torch.device, *, prompt: int = 32, repeats: int = 3,
+                **engine_options) -> float:
+    """GPT steps/s for B sequences of exactly `steps` codes; the first run (warm-up, compile, capture) is not timed.
+    engine_options: Engine arguments (cuda_graphs, compile, ...)."""
+    eng = Engine(model.gpt, **engine_options)
     emb, valid = _prompt(model, B, prompt, dev)
     p = SamplingParams(max_new_tokens=steps, min_new_tokens=steps)
     eng.generate(emb, valid, p, reserve=steps)  # one cache size: one compile per batch with compile=True

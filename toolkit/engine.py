@@ -30,7 +30,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .models.gpt import GPT, BlockRunner, call_block
+from .models.gpt import GPT, BlockRunner, Linear, call_block
 from .sampling import SamplingParams, sample_codes
 
 CACHE_BUCKET = 256  # cache lengths are rounded up to this, so new lengths rarely reallocate or recapture
@@ -117,18 +117,23 @@ def decode_step(gpt: GPT, s: DecodeState, p: SamplingParams, chunk: int,
 
 class Engine:
     def __init__(self, gpt: GPT, chunk: int = 16, cuda_graphs: bool = True, compile: bool | str = False,
-                 compile_options: dict | None = None, prefill_graphs: bool = False):
+                 compile_options: dict | None = None, prefill_graphs: bool = False, gemv_rows: int = 0):
         """compile: False (eager), True or "step" (the whole decode step, fused across layers and with the sampler,
         static shapes: one compile per batch size and cache bucket), "block" (regional: one compiled block with
         dynamic shapes serves every layer, batch and bucket; compiles once, fuses less). Prefill runs through the
         compiled block in both modes. compile_options: torch.compile arguments for the step.
-        prefill_graphs: pad prompts to PREFILL_BUCKET and replay the prefill as a CUDA graph (see the module doc)."""
+        prefill_graphs: pad prompts to PREFILL_BUCKET and replay the prefill as a CUDA graph (see the module doc).
+        gemv_rows: under compile, the GPT's float linears over at most this many rows (batch x new positions) are
+        traced as multiply-and-sum reductions, fused with their neighbours (models.gpt.Linear); 0 keeps cuBLAS."""
         self.gpt = gpt
         self.prefill_graphs = prefill_graphs
         self.chunk = chunk
         self.cuda_graphs = cuda_graphs
         self._run_block: BlockRunner = call_block
         self._decode_step: Callable[[GPT, DecodeState, SamplingParams, int], None] = decode_step
+        for m in gpt.modules():
+            if isinstance(m, Linear):
+                m.reduce_rows = gemv_rows if compile else 0
         if compile:
             import torch._dynamo
             # the step compiles once per batch size x cache bucket x dtype x sampling settings: past the limit
