@@ -27,8 +27,6 @@ VARIANTS = {  # name -> Engine arguments
     "step-dynamic": dict(compile=True, compile_options={"dynamic": True}),
     "step": dict(compile=True),  # static shapes, the default of Engine(compile=True)
     "step-autotune": dict(compile=True, compile_options={"mode": "max-autotune-no-cudagraphs"}),
-    "step-gemv": dict(compile=True, gemv_rows=8),  # batch <= 8: linears as fused multiply-and-sum reductions
-    "step-gemv-autotune": dict(compile=True, gemv_rows=8, compile_options={"options": {"coordinate_descent_tuning": True}}),
 }
 
 

@@ -101,6 +101,9 @@ def main(argv=None) -> int:
     ap.add_argument("--max-steps", type=int, default=96, help="upper end of each request's random max_new_tokens")
     ap.add_argument("--max-texts", type=int, default=8, help="largest number of texts in one request")
     ap.add_argument("--lengths", default="short,medium,long", help="length buckets of calibration texts to draw from")
+    ap.add_argument("--oom-every", type=int, default=250,
+                    help="on CUDA, provoke an out-of-memory error every this many requests (0: never); each one drops "
+                         "the engine's cache and graphs, which are then recaptured")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", required=True, help="JSON file to write")
     args = ap.parse_args(argv)
@@ -128,8 +131,9 @@ def main(argv=None) -> int:
         batch = [" ".join(rng.sample(texts, rng.choice([1, 1, 2, 3]))) for _ in range(n_texts)]
         params = SamplingParams(max_new_tokens=rng.randint(8, args.max_steps))
         try:
-            # checked first: 125, 375, ... are also 25 mod 50, and the OOM requests were once shadowed by bad ones
-            if i % 250 == 125 and dev.type == "cuda":  # a batch beyond the GPU: OutOfMemory, then recover
+            # checked first: with the default, 125, 375, ... are also 25 mod 50, and bad requests once shadowed them
+            oom_turn = args.oom_every and i % args.oom_every == args.oom_every // 2
+            if oom_turn and dev.type == "cuda":  # a batch beyond the GPU: OutOfMemory, then recover
                 counts["oom_provoked"] += 1
                 counts["oom_recovered"] += provoke_out_of_memory(synth, dev)
             elif i % 50 == 25:  # a bad request, which must fail cleanly (control tokens alone are text, unless asked)
@@ -161,7 +165,8 @@ def main(argv=None) -> int:
         if i % 50 == 0 or last:
             # if host memory grows only while new step shapes (buffers, graphs) keep turning up, it is a cache filling
             samples.append({"request": i, "rss_mib": rss_mib(), "device_mib": device_mib(dev),
-                            "shapes_cached": len(cached), "shapes_seen": len(shapes_seen)})
+                            "shapes_cached": len(cached), "shapes_seen": len(shapes_seen),
+                            "graphs_captured": sum(sy.engine.captures for sy in synths.values())})
             print(f"{i + 1}/{args.requests} rss {samples[-1]['rss_mib']:.0f} MiB, shapes {len(cached)} cached / "
                   f"{len(shapes_seen)} seen, errors {counts['unexpected_errors']}", flush=True)
             # rewritten as it goes: a run killed by a time limit still leaves its record so far

@@ -11,11 +11,12 @@ each batch size and cache bucket, and captured as a CUDA graph. Compiling costs 
 warm up first. benchmarks/engine_variants.py measures it against the cheaper regional compile ("block") on the GPU:
 1.1x at batch 1 and 64; at batch 1 the step is bound by the latency of its ~227 small kernels (benchmarks/README.md).
 
-With `prefill_graphs=True` the prompt is left-padded to a multiple of PREFILL_BUCKET (padding is masked like a batch's
-own) and, on CUDA, the prefill replays a graph captured per (batch, padded length, cache) instead of launching every
-kernel of every layer from the host. `ttsq bench` puts the plain prefill of a 32-token prompt at about 20 ms of the
-H200's first audio; benchmarks/prefill.py measures what the graph saves (not yet run on a GPU, so it is off by
-default)."""
+On CUDA with graphs (or with `prefill_graphs=True` anywhere) the prompt is left-padded to a multiple of
+PREFILL_BUCKET (padding is masked like a batch's own) and, on CUDA, the prefill replays a graph captured per (batch,
+padded length, cache) instead of launching every kernel of every layer from the host: on the H200 the prefill plus one
+step of a 32-200 token prompt takes 5.2-5.4 ms instead of 14.3-14.5 in bf16 (2.7x), 6.8-9.6 instead of 15-22 in fp32
+(benchmarks/results/prefill_h200.json). In fp32 the codes are the same with and without; in bf16 the padded shapes
+round differently, so a padded prompt's samples differ (deterministically) from an unpadded one's."""
 from __future__ import annotations
 
 import functools
@@ -30,7 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .models.gpt import GPT, BlockRunner, Linear, call_block
+from .models.gpt import GPT, BlockRunner, call_block
 from .sampling import SamplingParams, sample_codes
 
 CACHE_BUCKET = 256  # cache lengths are rounded up to this, so new lengths rarely reallocate or recapture
@@ -117,23 +118,19 @@ def decode_step(gpt: GPT, s: DecodeState, p: SamplingParams, chunk: int,
 
 class Engine:
     def __init__(self, gpt: GPT, chunk: int = 16, cuda_graphs: bool = True, compile: bool | str = False,
-                 compile_options: dict | None = None, prefill_graphs: bool = False, gemv_rows: int = 0):
+                 compile_options: dict | None = None, prefill_graphs: bool | None = None):
         """compile: False (eager), True or "step" (the whole decode step, fused across layers and with the sampler,
         static shapes: one compile per batch size and cache bucket), "block" (regional: one compiled block with
         dynamic shapes serves every layer, batch and bucket; compiles once, fuses less). Prefill runs through the
         compiled block in both modes. compile_options: torch.compile arguments for the step.
-        prefill_graphs: pad prompts to PREFILL_BUCKET and replay the prefill as a CUDA graph (see the module doc).
-        gemv_rows: under compile, the GPT's float linears over at most this many rows (batch x new positions) are
-        traced as multiply-and-sum reductions, fused with their neighbours (models.gpt.Linear); 0 keeps cuBLAS."""
+        prefill_graphs: pad prompts to PREFILL_BUCKET and replay the prefill as a CUDA graph (see the module doc);
+        None: where graphs run (CUDA with cuda_graphs), True: pad on any device (graphs on CUDA only), False: never."""
         self.gpt = gpt
         self.prefill_graphs = prefill_graphs
         self.chunk = chunk
         self.cuda_graphs = cuda_graphs
         self._run_block: BlockRunner = call_block
         self._decode_step: Callable[[GPT, DecodeState, SamplingParams, int], None] = decode_step
-        for m in gpt.modules():
-            if isinstance(m, Linear):
-                m.reduce_rows = gemv_rows if compile else 0
         if compile:
             import torch._dynamo
             # the step compiles once per batch size x cache bucket x dtype x sampling settings: past the limit
@@ -151,6 +148,7 @@ class Engine:
                                                                   **(compile_options or {})})
         self._graphs: OrderedDict[tuple, tuple[torch.cuda.CUDAGraph, object]] = OrderedDict()  # decode and prefill
         self._states: OrderedDict[tuple, DecodeState] = OrderedDict()
+        self.captures = 0  # CUDA graphs captured so far, recaptures included (each costs driver host memory)
 
     def cached_shapes(self) -> list[tuple]:
         """Keys (batch, cache shape, dtype, sampling settings) of the step buffers and graphs kept now, oldest first."""
@@ -237,18 +235,29 @@ class Engine:
         """(emb (B, T, D), rope positions (B, T)) -> last hidden (B, D), filling cache slots [0, T): a replayed graph
         with prefill_graphs on CUDA (captured here if new; it scribbles on the cache), else a plain call."""
         gpt = self.gpt
-        slots = torch.arange(T, device=device)
-        if not (self.prefill_graphs and self.cuda_graphs and device.type == "cuda"):
+        if not (self._pads_prompts(device) and self.cuda_graphs and device.type == "cuda"):
+            slots = torch.arange(T, device=device)
             return lambda emb, rope: gpt(emb, slots, rope, self._run_block)[:, -1]
 
         def make():
+            # every tensor the graph reads is kept with it: one freed and reused would feed it garbage indices
+            slots = torch.arange(T, device=device)
             emb_in = torch.zeros(B, T, gpt.cfg.hidden, dtype=dtype, device=device)
             rope_in = torch.zeros(B, T, dtype=torch.long, device=device)
             out = torch.zeros(B, gpt.cfg.hidden, dtype=dtype, device=device)
             graph = self._graph_of(lambda: out.copy_(gpt(emb_in, slots, rope_in, self._run_block)[:, -1]), device)
-            return graph, (emb_in, rope_in, out)
+            return graph, (emb_in, rope_in, out, slots)
 
-        graph, (emb_in, rope_in, out) = self._kept(self._graphs, ("prefill", B, T, gpt.cache_shape, dtype), make)
+        try:
+            graph, (emb_in, rope_in, out, _) = self._kept(self._graphs, ("prefill", B, T, gpt.cache_shape, dtype), make)
+        except RuntimeError as e:  # as for the decode step: keep serving, without this graph
+            if "captur" not in str(e).lower():
+                raise
+            warnings.warn(f"this model's prefill cannot be captured in a CUDA graph ({str(e).strip()[:160]}); "
+                          "prefilling without graphs from now on", RuntimeWarning, stacklevel=4)
+            self.prefill_graphs = False
+            sync_device(device)
+            return self._prefill_runner(B, T, dtype, device)
 
         def replay(emb: Tensor, rope: Tensor) -> Tensor:
             emb_in.copy_(emb)
@@ -257,6 +266,11 @@ class Engine:
             return out
 
         return replay
+
+    def _pads_prompts(self, device: torch.device) -> bool:
+        if self.prefill_graphs is None:
+            return self.cuda_graphs and device.type == "cuda"
+        return self.prefill_graphs
 
     @staticmethod
     def _kept(kept: OrderedDict, key: tuple, make: Callable[[], object]):
@@ -268,8 +282,7 @@ class Engine:
         kept.move_to_end(key)
         return kept[key]
 
-    @staticmethod
-    def _graph_of(run: Callable[[], object], device: torch.device) -> torch.cuda.CUDAGraph:
+    def _graph_of(self, run: Callable[[], object], device: torch.device) -> torch.cuda.CUDAGraph:
         """run() captured as a CUDA graph, after warm-up runs on a side stream (lazy inits, workspaces, compiles)."""
         side = torch.cuda.Stream(device)
         side.wait_stream(torch.cuda.current_stream(device))
@@ -280,6 +293,7 @@ class Engine:
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
             run()
+        self.captures += 1
         return graph
 
     @torch.inference_mode()
@@ -316,7 +330,7 @@ class Engine:
             raise ValueError(f"prompt of {T} tokens leaves no room to generate (max_positions {cfg.max_positions}); "
                              "split the text into shorter sentences")
         dev, dtype = emb.device, gpt.norm.weight.dtype
-        if self.prefill_graphs:
+        if self._pads_prompts(dev):
             pad = min(-T % PREFILL_BUCKET, cfg.max_positions - T - 1)  # a step's room is never padded away
             emb, valid = F.pad(emb, (0, 0, pad, 0)), F.pad(valid, (pad, 0))  # left: the last position stays last
             steps, T = min(steps, cfg.max_positions - T - pad), T + pad

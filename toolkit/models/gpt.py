@@ -28,21 +28,6 @@ class KVCache(nn.Module):
         return self.k, self.v
 
 
-class Linear(nn.Linear):
-    """nn.Linear that, traced by torch.compile for at most `reduce_rows` rows (small-batch decode), is written as a
-    multiply-and-sum. Inductor then emits one Triton reduction that also takes in the elementwise work before and
-    after it, where cuBLAS would launch a separate GEMV (~4 us at M=1 on the H200, plus a split-K reduce) between
-    fused kernels. 0 (off) unless the engine sets it; quantized (tensor-subclass) weights always take F.linear."""
-    reduce_rows = 0
-
-    def forward(self, x: Tensor) -> Tensor:
-        if (self.reduce_rows and torch.compiler.is_compiling() and not torch.compiler.is_exporting()
-                and x.numel() // x.shape[-1] <= self.reduce_rows and type(self.weight) is nn.Parameter):
-            y = (x.unsqueeze(-2) * self.weight).sum(-1)  # (..., 1, in) * (out, in) -> (..., out)
-            return y if self.bias is None else y + self.bias
-        return F.linear(x, self.weight, self.bias)
-
-
 def rotate_half(x: Tensor) -> Tensor:
     a, b = x.chunk(2, dim=-1)
     return torch.cat((-b, a), dim=-1)
@@ -52,8 +37,8 @@ class Attention(nn.Module):
     def __init__(self, cfg: GPTConfig):
         super().__init__()
         self.heads, self.head_dim = cfg.heads, cfg.head_dim
-        self.wqkv = Linear(cfg.hidden, 3 * cfg.hidden, bias=False)  # q, k, v fused
-        self.wo = Linear(cfg.hidden, cfg.hidden, bias=False)
+        self.wqkv = nn.Linear(cfg.hidden, 3 * cfg.hidden, bias=False)  # q, k, v fused
+        self.wo = nn.Linear(cfg.hidden, cfg.hidden, bias=False)
         self.kv_cache: KVCache | None = None
 
     def forward(self, x: Tensor, cos: Tensor, sin: Tensor, mask: Tensor, input_pos: Tensor, use_cache: bool) -> Tensor:
@@ -72,8 +57,8 @@ class Attention(nn.Module):
 class FeedForward(nn.Module):
     def __init__(self, cfg: GPTConfig):
         super().__init__()
-        self.w13 = Linear(cfg.hidden, 2 * cfg.intermediate, bias=False)  # gate, up fused
-        self.w2 = Linear(cfg.intermediate, cfg.hidden, bias=False)
+        self.w13 = nn.Linear(cfg.hidden, 2 * cfg.intermediate, bias=False)  # gate, up fused
+        self.w2 = nn.Linear(cfg.intermediate, cfg.hidden, bias=False)
 
     def forward(self, x: Tensor) -> Tensor:
         gate, up = self.w13(x).chunk(2, dim=-1)
@@ -124,8 +109,8 @@ class GPT(nn.Module):
         self.emb_code = nn.Embedding(Q * V, D)  # Q tables stacked; ids are offset by q * V
         self.layers = nn.ModuleList(Block(cfg) for _ in range(cfg.layers))
         self.norm = RMSNorm(D, cfg.rms_eps)
-        self.head_text = Linear(D, cfg.num_text_tokens, bias=False)
-        self.head_code = Linear(D, Q * V, bias=False)  # Q heads stacked
+        self.head_text = nn.Linear(D, cfg.num_text_tokens, bias=False)
+        self.head_code = nn.Linear(D, Q * V, bias=False)  # Q heads stacked
         inv_freq = 1.0 / cfg.rope_theta ** (torch.arange(0, cfg.head_dim, 2).float() / cfg.head_dim)
         self.register_buffer("inv_freq", inv_freq, persistent=False)
         self.register_buffer("code_offsets", torch.arange(Q) * V, persistent=False)
