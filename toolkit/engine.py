@@ -149,7 +149,7 @@ class Engine:
                                                                   **(compile_options or {})})
         self._graphs: OrderedDict[tuple, tuple[torch.cuda.CUDAGraph, object]] = OrderedDict()  # decode and prefill
         self._states: OrderedDict[tuple, DecodeState] = OrderedDict()
-        self.captures = 0  # CUDA graphs captured so far, recaptures included (each costs driver host memory)
+        self.captures = 0  # CUDA graphs captured so far, recaptures included (soak.py logs it beside host memory)
 
     def cached_shapes(self) -> list[tuple]:
         """Keys (batch, cache shape, dtype, sampling settings) of the step buffers and graphs kept now, oldest first."""
