@@ -41,6 +41,10 @@ MAX_GRAPHS = 32
 PREFILL_BUCKET = 32  # prompt lengths are padded to this with prefill_graphs, so a few graphs serve every prompt
 
 
+class CaptureError(RuntimeError):
+    """A CUDA graph capture that a kernel refused (the message says which)."""
+
+
 def sync_device(device: torch.device) -> None:
     """Wait for the device's queued work (timings, and before reading results on the host)."""
     if device.type == "cuda":
@@ -218,14 +222,11 @@ class Engine:
 
         try:
             kept = self._kept(self._graphs if use_graph else self._states, key, make)
-        except RuntimeError as e:  # some kernels cannot be captured (torchao's w8a8 on the H200 is one)
-            if not use_graph or "captur" not in str(e).lower():
-                raise
-            warnings.warn(f"this model's decode step cannot be captured in a CUDA graph ({str(e).strip()[:160]}); "
+        except CaptureError as e:  # some kernels cannot be captured (torchao's w8a8 on the H200 is one)
+            warnings.warn(f"this model's decode step cannot be captured in a CUDA graph ({e}); "
                           "decoding without graphs from now on, more slowly", RuntimeWarning, stacklevel=4)
             self.cuda_graphs = False
             self._graphs.clear()  # never replayed again
-            sync_device(device)
             return self._make_runner(B, p, dtype, device)
         if not use_graph:
             return (lambda: self._step(kept, p)), kept
@@ -251,13 +252,10 @@ class Engine:
 
         try:
             graph, (emb_in, rope_in, out, _) = self._kept(self._graphs, ("prefill", B, T, gpt.cache_shape, dtype), make)
-        except RuntimeError as e:  # as for the decode step: keep serving, without this graph
-            if "captur" not in str(e).lower():
-                raise
-            warnings.warn(f"this model's prefill cannot be captured in a CUDA graph ({str(e).strip()[:160]}); "
+        except CaptureError as e:  # as for the decode step: keep serving, without this graph
+            warnings.warn(f"this model's prefill cannot be captured in a CUDA graph ({e}); "
                           "prefilling without graphs from now on", RuntimeWarning, stacklevel=4)
             self.prefill_graphs = False
-            sync_device(device)
             return self._prefill_runner(B, T, dtype, device)
 
         def replay(emb: Tensor, rope: Tensor) -> Tensor:
@@ -286,16 +284,24 @@ class Engine:
         return kept[key]
 
     def _graph_of(self, run: Callable[[], object], device: torch.device) -> torch.cuda.CUDAGraph:
-        """run() captured as a CUDA graph, after warm-up runs on a side stream (lazy inits, workspaces, compiles)."""
-        side = torch.cuda.Stream(device)
-        side.wait_stream(torch.cuda.current_stream(device))
-        with torch.cuda.stream(side):
-            for _ in range(2):
+        """run() captured as a CUDA graph, after warm-up runs on a side stream (lazy inits, workspaces, compiles).
+        A kernel that refuses capture raises CaptureError, after the device is synced, so the caller can go on
+        without the graph."""
+        try:
+            side = torch.cuda.Stream(device)
+            side.wait_stream(torch.cuda.current_stream(device))
+            with torch.cuda.stream(side):
+                for _ in range(2):
+                    run()
+            torch.cuda.current_stream(device).wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
                 run()
-        torch.cuda.current_stream(device).wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            run()
+        except RuntimeError as e:
+            if "captur" not in str(e).lower():
+                raise
+            sync_device(device)
+            raise CaptureError(str(e).strip()[:160]) from e
         self.captures += 1
         return graph
 
