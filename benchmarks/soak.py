@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import random
 import resource
@@ -187,6 +188,8 @@ def main(argv=None) -> int:
         "hardware": torch.cuda.get_device_name(dev) if dev.type == "cuda"
         else f"{platform.machine()} CPU, {torch.get_num_threads()} threads",
         "torch": torch.__version__, "model": args.model or "shipped voice", "precisions": list(synths),
+        # cuDNN keeps a host-side plan per conv shape (the renders' random lengths), LRU-bounded by this variable
+        "cudnn_plan_cache_limit": os.environ.get("TORCH_CUDNN_V8_API_LRU_CACHE_LIMIT", "10000 (default)"),
         "requests": done, "requests_asked": args.requests, "wall_s": wall, "audio_s": audio_s, "counts": counts,
         "deterministic_probe": deterministic, "rss_growth_mib_steady_state": growth,
         "device_growth_mib": dev_growth, "device_memory_start": memory_at_start, "device_memory_end": memory_at_end,

@@ -11,9 +11,11 @@ each batch size and cache bucket, and captured as a CUDA graph. Compiling costs 
 warm up first. benchmarks/engine_variants.py measures it against the cheaper regional compile ("block") on the GPU:
 1.1x at batch 1 and 64; at batch 1 the step is bound by the latency of its ~227 small kernels (benchmarks/README.md).
 
-At batch 1 on CUDA with graphs (or with `prefill_graphs=True` anywhere) the prompt is left-padded to a multiple of
-PREFILL_BUCKET (padding is masked like a batch's own) and, on CUDA, the prefill replays a graph captured per (batch,
-padded length, cache) instead of launching every kernel of every layer from the host: on the H200 the prefill plus one
+On CUDA (or with `prefill_graphs=True` anywhere) the prompt is left-padded to a multiple of PREFILL_BUCKET (padding
+is masked like a batch's own). That bounds the prompt shapes a long-running server sees: cuDNN's attention keeps a
+host-side plan per exact shape, in a cache that PyTorch does not bound (pytorch/pytorch#190388). At batch 1 with
+graphs the prefill then replays a graph captured per (batch, padded length, cache) instead of launching every kernel
+of every layer from the host: on the H200 the prefill plus one
 step of a 32-200 token prompt takes 5.2-5.4 ms instead of 14.3-14.5 in bf16 (2.7x), 6.8-9.6 instead of 15-22 in fp32
 (benchmarks/results/prefill_h200.json). In fp32 the codes are the same with and without; in bf16 the padded shapes
 round differently, so a padded prompt's samples differ (deterministically) from an unpadded one's."""
@@ -38,7 +40,7 @@ CACHE_BUCKET = 256  # cache lengths are rounded up to this, so new lengths rarel
 # captured graphs (or CPU step buffers) kept, least recently used dropped: a server that varies sampling settings
 # per request would otherwise hold a graph, and its buffers, for every combination it ever saw
 MAX_GRAPHS = 32
-PREFILL_BUCKET = 32  # prompt lengths are padded to this with prefill_graphs, so a few graphs serve every prompt
+PREFILL_BUCKET = 32  # prompt lengths are padded to this (on CUDA), so a few shapes and graphs serve every prompt
 
 
 class CaptureError(RuntimeError):
@@ -128,8 +130,8 @@ class Engine:
         dynamic shapes serves every layer, batch and bucket; compiles once, fuses less). Prefill runs through the
         compiled block in both modes. compile_options: torch.compile arguments for the step.
         prefill_graphs: pad prompts to PREFILL_BUCKET and replay the prefill as a CUDA graph (see the module doc);
-        None: at batch 1 where graphs run (CUDA with cuda_graphs), True: pad on any device and batch (graphs on CUDA
-        only), False: never."""
+        None: pad on CUDA, graphs at batch 1 where graphs run (cuda_graphs), True: pad on any device and batch
+        (graphs on CUDA with cuda_graphs), False: neither."""
         self.gpt = gpt
         self.prefill_graphs = prefill_graphs
         self.chunk = chunk
@@ -237,7 +239,7 @@ class Engine:
         """(emb (B, T, D), rope positions (B, T)) -> last hidden (B, D), filling cache slots [0, T): a replayed graph
         with prefill_graphs on CUDA (captured here if new; it scribbles on the cache), else a plain call."""
         gpt = self.gpt
-        if not (self._pads_prompts(B, device) and self.cuda_graphs and device.type == "cuda"):
+        if not self._graphs_prefill(B, device):
             slots = torch.arange(T, device=device)
             return lambda emb, rope: gpt(emb, slots, rope, self._run_block)[:, -1]
 
@@ -266,12 +268,15 @@ class Engine:
 
         return replay
 
-    def _pads_prompts(self, B: int, device: torch.device) -> bool:
-        """By default only at batch 1 on CUDA with graphs: the streaming case, whose first audio waits on the prefill.
-        A batch's prefill is a small part of its time, and graphs per batch size would crowd the LRU of MAX_GRAPHS."""
-        if self.prefill_graphs is None:
-            return B == 1 and self.cuda_graphs and device.type == "cuda"
-        return self.prefill_graphs
+    def _pads_prompts(self, device: torch.device) -> bool:
+        return device.type == "cuda" if self.prefill_graphs is None else self.prefill_graphs
+
+    def _graphs_prefill(self, B: int, device: torch.device) -> bool:
+        """By default only at batch 1: the streaming case, whose first audio waits on the prefill. A batch's prefill
+        is a small part of its time, and graphs per batch size would crowd the LRU of MAX_GRAPHS."""
+        if not (self._pads_prompts(device) and self.cuda_graphs and device.type == "cuda"):
+            return False
+        return B == 1 if self.prefill_graphs is None else True
 
     @staticmethod
     def _kept(kept: OrderedDict, key: tuple, make: Callable[[], object]):
@@ -339,7 +344,7 @@ class Engine:
             raise ValueError(f"prompt of {T} tokens leaves no room to generate (max_positions {cfg.max_positions}); "
                              "split the text into shorter sentences")
         dev, dtype = emb.device, gpt.norm.weight.dtype
-        if self._pads_prompts(B, dev):
+        if self._pads_prompts(dev):
             pad = min(-T % PREFILL_BUCKET, cfg.max_positions - T - 1)  # a step's room is never padded away
             emb, valid = F.pad(emb, (0, 0, pad, 0)), F.pad(valid, (pad, 0))  # left: the last position stays last
             steps, T = min(steps, cfg.max_positions - T - pad), T + pad
