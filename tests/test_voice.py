@@ -141,6 +141,32 @@ def test_gpt_resumes_from_the_shipped_voice_on_a_codes_pack(tmp_path):
 
 
 @needs_espeak
+@pytest.mark.skipif(not (SHIPPED / "manifest.json").is_file(), reason="no shipped voice")
+def test_freeze_gpt_trains_the_decoder_alone_on_real_mels(tmp_path):
+    """corpus --keep-mels stores the real mels beside the codes, frame for frame; train --freeze-gpt then moves the
+    Decoder towards them and leaves the GPT and the speaker table exactly as they were."""
+    import torch
+
+    from toolkit.voice.corpus import build, load_pack
+    from toolkit.voice.train import Data, checkpoints_from_voice, load_state, main
+
+    encoder = SHIPPED.parents[2] / "docs" / "voice" / "dvae_encoder.safetensors"
+    info = build(tmp_path / "corpus", n_train=6, n_heldout=1, seed=0, workers=2, vocoder_seconds=0,
+                 codes_from=SHIPPED, encoder=encoder, keep_mels=True)
+    pack = load_pack(tmp_path / "corpus" / "pack")
+    assert info["content"] == "codes+mel" and len(pack["mel"]) == pack["mel_off"][-1] == 2 * len(pack["codes"])
+    data = Data(pack, torch.device("cpu"))
+    assert data.mel(0).shape == (100, 2 * len(data.codes[0]))
+    checkpoints_from_voice(SHIPPED, encoder, tmp_path / "ckpt")
+    main(["--data", str(tmp_path / "corpus" / "pack"), "--resume", str(tmp_path / "ckpt"), "--stages", "gpt",
+          "--out", str(tmp_path / "run"), "--gpt-steps", "2", "--gpt-batch", "4", "--device", "cpu",
+          "--save-every", "0", "--freeze-gpt"])
+    before, after = load_state(tmp_path / "ckpt", "gpt")[0], load_state(tmp_path / "run", "gpt")[0]
+    changed = {k for k in before if not torch.equal(before[k].float(), after[k].float())}
+    assert changed and all(k.startswith("decoder.") for k in changed), sorted(changed)[:5]
+
+
+@needs_espeak
 def test_alignment_check_reads_along_the_text_on_a_training_sentence(tmp_path):
     """The alignment diagnostic on the shipped voice: its guided heads walk along a sentence it trained on (low
     off-diagonal mass, far below what attention spread evenly over the text would give), and it writes its picture."""
@@ -165,6 +191,23 @@ def test_alignment_check_reads_along_the_text_on_a_training_sentence(tmp_path):
     spread = float(off_diagonal_mass(uniform, torch.tensor([T]), torch.tensor([N])))
     assert train["eos"] and train["off_diagonal_mass"] < spread / 2, (train, spread)
     assert all(0 <= r["off_diagonal_mass"] <= 1 for r in rows.values())
+
+
+@needs_espeak
+@pytest.mark.skipif(not (SHIPPED / "manifest.json").is_file(), reason="no shipped voice")
+def test_measure_scores_held_out_sentences_and_the_vocoders_ceiling(tmp_path):
+    """toolkit.voice.measure on two held-out sentences of a fresh corpus: every figure is there and in range, and the
+    vocoder resynthesising a reference from its own log-mel is closer to it than the whole model's synthesis is."""
+    from toolkit.voice.corpus import build
+    from toolkit.voice.measure import main
+
+    build(tmp_path / "corpus", n_train=2, n_heldout=2, seed=0, workers=1, vocoder_seconds=0)
+    res = main(["--corpus", str(tmp_path / "corpus"), "--n", "2", "--max-new-tokens", "300", "--dnsmos", "2",
+                "--json", str(tmp_path / "m.json")])
+    assert res["sentences"] == 2 and (tmp_path / "m.json").is_file()
+    for key in ("dnsmos_ovrl_synth", "dnsmos_ovrl_reference", "dnsmos_ovrl_vocoded_reference"):
+        assert 1.0 <= res[key][0] <= 5.0, (key, res[key])  # (mean, lo, hi)
+    assert res["mcd_db_vocoded_reference"][0] < res["mcd_db"][0], res
 
 
 def test_code_loss_weighs_the_eos_target():

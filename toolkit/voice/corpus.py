@@ -320,7 +320,7 @@ def code_encoder(encoder: Path, vocab: int):
 
 
 def build(out: Path, n_train: int, n_heldout: int, seed: int, workers: int, vocoder_seconds: float,
-          codes_from: Path | None = None, encoder: Path | None = None) -> dict:
+          codes_from: Path | None = None, encoder: Path | None = None, keep_mels: bool = False) -> dict:
     import soundfile as sf
     import torch
 
@@ -387,10 +387,9 @@ def build(out: Path, n_train: int, n_heldout: int, seed: int, workers: int, voco
                 q = quantise_mel(logmel(torch.from_numpy(w)[None])[0].T.numpy())  # (F, 100) uint8
             if encode is not None:  # from the uint8 mel, as the encoder saw mels in training
                 codes.append(encode(torch.from_numpy(dequantise_mel(q)).T[None]))
-                frames.append(2 * len(codes[-1]))
-            else:
-                mels.append(q)
-                frames.append(len(q))
+            if encode is None or keep_mels:
+                mels.append(q[: 2 * len(codes[-1])] if codes else q)  # with codes: the frames they cover
+            frames.append(2 * len(codes[-1]) if codes else len(q))
             enc, _ = tok.encode([prompt_text(it["phonemes"], tok.has)])
             ids.append(enc[0].numpy().astype(np.int16))
             spk.append(spk_names.index(it["speaker"]))
@@ -414,7 +413,7 @@ def build(out: Path, n_train: int, n_heldout: int, seed: int, workers: int, voco
               spk=np.array(spk, np.int16), lang=np.array(lang, np.int8), wav=wav_all, wav_off=wav_off,
               wav_utt=np.array(wav_utt, np.int32), **extra)
     info = {"speakers": spk_names, "mel_range": [MEL_LO, MEL_HI], "sample_rate": SR, "utterances": len(frames),
-            "content": "codes" if codes else "mel",
+            "content": "+".join(k for k, v in (("codes", codes), ("mel", mels)) if v),
             "heldout": sum(it["split"] == "heldout" for it in items), "vocab_size": tok.vocab_size,
             "train_seconds": round(float(mel_off[-1]) * 256 / SR, 1), "vocoder_seconds": round(len(wav_all) / SR, 1),
             "pack_bytes": sum(f.stat().st_size for f in (out / "pack").iterdir()), "seed": seed, "build_seconds": round(time.time() - t0, 1)}
@@ -437,8 +436,10 @@ def main(argv=None):
                     help="a trained voice folder: store its DVAE codes instead of mels (and reuse its tokenizer)")
     ap.add_argument("--encoder", type=Path, default=Path("docs/voice/dvae_encoder.safetensors"),
                     help="with --codes-from: the DVAE encoder the voice was trained with")
+    ap.add_argument("--keep-mels", action="store_true",
+                    help="with --codes-from: store the mels too, as real Decoder targets (train.py --freeze-gpt)")
     a = ap.parse_args(argv)
-    build(a.out, a.train, a.heldout, a.seed, a.workers, a.vocoder_seconds, a.codes_from, a.encoder)
+    build(a.out, a.train, a.heldout, a.seed, a.workers, a.vocoder_seconds, a.codes_from, a.encoder, a.keep_mels)
 
 
 if __name__ == "__main__":

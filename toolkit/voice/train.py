@@ -105,13 +105,14 @@ class Data:
         self.frames = np.diff(self.mel_off)
         self.steps = self.frames // 2
         self.device = device
-        self.codes = None  # a codes pack (corpus --codes-from): (steps, Q) per utterance, no mels
+        self.codes = None  # a codes pack (corpus --codes-from): (steps, Q) per utterance, mels only with --keep-mels
+        self.has_mels = len(self.mel_q) > 0
         if "codes" in pack:
             c, off = torch.from_numpy(pack["codes"].astype(np.int64)), pack["codes_off"]
             self.codes = [c[off[i]: off[i + 1]] for i in range(self.n)]
 
     def mel(self, i: int) -> Tensor:
-        if self.codes is not None:
+        if not self.has_mels:
             raise ValueError("this pack holds DVAE codes, not mels: only the gpt stage trains on it "
                              "(with --resume from a run or --from-voice checkpoints that have the DVAE)")
         q = self.mel_q[self.mel_off[i]: self.mel_off[i + 1]].float()
@@ -429,7 +430,8 @@ def train_gpt(cfg: ModelConfig, data: Data, codes: list[Tensor], args, device, l
         spk_table.data.copy_(prev[0]["spk_table"].to(device))
         step0 = prev[1].get("step", 0)
     guided = GuidedAttention(gpt, layer=min(GUIDED_LAYER, cfg.gpt.layers - 1), heads=GUIDED_HEADS)
-    params = list(gpt.parameters()) + list(decoder.parameters()) + [spk_table]
+    # --freeze-gpt: the Decoder alone learns, from the frozen GPT's states (e.g. real mels after a codes-pack run)
+    params = list(decoder.parameters()) if args.freeze_gpt else list(gpt.parameters()) + list(decoder.parameters()) + [spk_table]
     decay = [p for p in params if p.dim() >= 2 and p is not spk_table]
     rest = [p for p in params if not (p.dim() >= 2 and p is not spk_table)]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.01}, {"params": rest, "weight_decay": 0.0}],
@@ -453,7 +455,7 @@ def train_gpt(cfg: ModelConfig, data: Data, codes: list[Tensor], args, device, l
         idx = order[lo: lo + B]
         for pg in opt.param_groups:
             pg["lr"] = lr_at(step, frac, args.gpt_lr, 300 if prev else 800)
-        with autocast(device):
+        with autocast(device), torch.set_grad_enabled(not args.freeze_gpt):
             x, tgt, T, N, L = build_batch(gpt, spk_table, data, codes, idx, spk_id, device)
             valid = torch.arange(L, device=device)[None] < (T + N)[:, None]
             h = gpt.forward_full(x, valid)
@@ -464,14 +466,16 @@ def train_gpt(cfg: ModelConfig, data: Data, codes: list[Tensor], args, device, l
             j = torch.arange(int(N.max()), device=device)
             pos = (T[:, None] - 1 + j[None]).clamp(max=L - 1)
             hid = torch.gather(h, 1, pos[..., None].expand(-1, -1, h.shape[-1]))
+        with autocast(device):
             mel_pred = decoder(hid.transpose(1, 2))
             ga = guided.loss(T, N) if args.guided > 0 else torch.zeros((), device=device)
-        mel, mask = mel_batch(data, idx, device) if data.codes is None else code_mel_batch(dvae_dec, codes, idx, device)
+        # real mels where the pack has them; a codes-only pack's targets are its codes through the DVAE decoder
+        mel, mask = mel_batch(data, idx, device) if data.has_mels else code_mel_batch(dvae_dec, codes, idx, device)
         Fm = min(mel.shape[-1], mel_pred.shape[-1])
         fmask = mask[:, :Fm] & (torch.arange(Fm, device=device)[None] < 2 * N[:, None])
         l1 = ((mel_pred[..., :Fm].float() - mel[..., :Fm]).abs().mean(1) * fmask).sum() / fmask.sum()
         ga_w = args.guided * max(0.0, 1 - frac / 0.7) if fresh else args.guided * 0.2
-        loss = ce + args.mel_weight * l1 + ga_w * ga
+        loss = args.mel_weight * l1 if args.freeze_gpt else ce + args.mel_weight * l1 + ga_w * ga
         opt.zero_grad(set_to_none=True)
         if not torch.isfinite(loss):  # a bad batch must not poison the weights (run 2 of v1 died this way)
             log("gpt", step0 + step, skipped_nonfinite=1)
@@ -623,6 +627,8 @@ def main(argv=None):
     ap.add_argument("--save-every", type=float, default=2.0, help="minutes between GPT checkpoints (0: end only)")
     ap.add_argument("--restart-schedule", action="store_true",
                     help="on resume, run the GPT curriculum and guided-attention schedule as if fresh")
+    ap.add_argument("--freeze-gpt", action="store_true",
+                    help="gpt stage: train only the Decoder, on the frozen GPT's states")
     ap.add_argument("--probe", action="store_true", help="free-running generation check at the end")
     ap.add_argument("--smoke", action="store_true", help="tiny corpus + tiny model on CPU, a few steps")
     ap.add_argument("--export", type=Path, default=None, help="write a ttsq model folder from --resume")
