@@ -385,11 +385,13 @@ def build(out: Path, n_train: int, n_heldout: int, seed: int, workers: int, voco
                 continue
             with torch.no_grad():
                 q = quantise_mel(logmel(torch.from_numpy(w)[None])[0].T.numpy())  # (F, 100) uint8
+            n = len(q)
             if encode is not None:  # from the uint8 mel, as the encoder saw mels in training
                 codes.append(encode(torch.from_numpy(dequantise_mel(q)).T[None]))
+                n = 2 * len(codes[-1])  # the frames the codes cover
             if encode is None or keep_mels:
-                mels.append(q[: 2 * len(codes[-1])] if codes else q)  # with codes: the frames they cover
-            frames.append(2 * len(codes[-1]) if codes else len(q))
+                mels.append(q[:n])
+            frames.append(n)
             enc, _ = tok.encode([prompt_text(it["phonemes"], tok.has)])
             ids.append(enc[0].numpy().astype(np.int16))
             spk.append(spk_names.index(it["speaker"]))

@@ -121,13 +121,14 @@ def main(argv=None):
     k = min(a.dnsmos, len(items))
     dn_syn = [dnsmos(w, 24000)["ovrl"] if len(w) > 12000 else float("nan") for w in wavs[:k]]
     dn_ref = [dnsmos(r, 24000)["ovrl"] for r in refs[:k]]
-    # the vocoder's own ceiling: each reference resynthesised from its log-mel (copy synthesis)
+    # the vocoder's own ceiling: each reference resynthesised from its log-mel (copy synthesis); its MCD covers the
+    # same sentences as mcd_db, its DNSMOS the same as the other DNSMOS figures
     model = syn.model
     to_mel = LogMel(model.cfg.vocos).to(syn.device)
     with torch.inference_mode():
         vocoded = [model.mel_to_wav(to_mel(torch.from_numpy(r).to(syn.device)[None]))[0].float().cpu().numpy()
-                   for r in refs[:k]]
-    dn_voc = [dnsmos(v, 24000)["ovrl"] for v in vocoded]
+                   for r in refs]
+    dn_voc = [dnsmos(v, 24000)["ovrl"] for v in vocoded[:k]]
     ratios_a = np.array(ratios)
     res = {
         "sentences": len(items), "synthesis_seconds_cpu": round(synth_s, 1),
