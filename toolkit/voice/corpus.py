@@ -282,7 +282,7 @@ def save_pack(folder: Path, **arrays) -> None:
     dm = np.diff(mel.astype(np.int16), axis=0, prepend=np.zeros((1, mel.shape[1]), np.int16)).astype(np.uint8)
     (folder / "mel.u8.xz").write_bytes(lzma.compress(dm.tobytes(), preset=6))
     dw = np.diff(wav.astype(np.int32), prepend=0).astype(np.int16)  # wraps mod 2^16, undone by cumsum
-    (folder / "wav.i16.xz").write_bytes(lzma.compress(dw.tobytes(), preset=6))
+    (folder / "wav.i16.xz").write_bytes(lzma.compress(dw.tobytes(), preset=0))  # PCM: 4x faster than 6, 7% larger
 
 
 def load_pack(folder: Path) -> dict:

@@ -82,6 +82,8 @@ def main(argv=None):
     ap.add_argument("--dnsmos", type=int, default=100, help="how many sentences DNSMOS scores (slow on CPU)")
     ap.add_argument("--temperature", type=float, default=None, help="sampling temperature (default: ChatTTS's)")
     ap.add_argument("--top-p", type=float, default=None, help="top-p (default: ChatTTS's)")
+    ap.add_argument("--vocoder-only", action="store_true",
+                    help="only the copy-synthesis figures (the vocoder on the references' log-mels): no GPT")
     a = ap.parse_args(argv)
 
     import soundfile as sf
@@ -97,6 +99,24 @@ def main(argv=None):
     items = [json.loads(line) for line in open(a.corpus / "meta.jsonl", encoding="utf-8")]
     items = [it for it in items if it["split"] == "heldout"][: a.n]
     syn = Synthesizer(a.model, device=a.device)
+    refs = [sf.read(a.corpus / "heldout" / f"{it['id']}.wav", dtype="float32")[0] for it in items]
+    k = min(a.dnsmos, len(items))
+    # the vocoder's own ceiling: each reference resynthesised from its log-mel (copy synthesis); its MCD covers the
+    # same sentences as mcd_db, its DNSMOS the same as the other DNSMOS figures
+    model = syn.model
+    to_mel = LogMel(model.cfg.vocos).to(syn.device)
+    with torch.inference_mode():
+        vocoded = [model.mel_to_wav(to_mel(torch.from_numpy(r).to(syn.device)[None]))[0].float().cpu().numpy()
+                   for r in refs]
+    res: dict[str, object] = {
+        "sentences": len(items),
+        "mcd_settings": "ESPnet: pysptk mcep order 34, alpha 0.46, 24 kHz, 1024 fft, 5 ms hop, DTW, c0 excluded",
+        "dnsmos_ovrl_reference": bootstrap_ci([dnsmos(r, 24000)["ovrl"] for r in refs[:k]]),
+        "dnsmos_ovrl_vocoded_reference": bootstrap_ci([dnsmos(v, 24000)["ovrl"] for v in vocoded[:k]]),
+        "mcd_db_vocoded_reference": bootstrap_ci([mcd(r, v, 24000, align="dtw").value_db for r, v in zip(refs, vocoded)]),
+    }
+    if a.vocoder_only:
+        return report(res, a)
     chosen = {k: v for k, v in (("temperature", a.temperature), ("top_p", a.top_p)) if v is not None}
     params = SamplingParams(max_new_tokens=a.max_new_tokens, **chosen)
     t0 = time.time()
@@ -107,7 +127,6 @@ def main(argv=None):
                                                params=params, batch_size=16)):
             out[it["id"]] = u
     synth_s = time.time() - t0
-    refs = [sf.read(a.corpus / "heldout" / f"{it['id']}.wav", dtype="float32")[0] for it in items]
     wavs = [out[it["id"]].wav for it in items]
     mcds, ratios, eos = [], [], []
     for it, r, w in zip(items, refs, wavs):
@@ -118,46 +137,29 @@ def main(argv=None):
         except ValueError:  # too short / silent synthesized audio
             mcds.append(float("nan"))
     mcd_ok = [m for m in mcds if np.isfinite(m)]
-    k = min(a.dnsmos, len(items))
     dn_syn = [dnsmos(w, 24000)["ovrl"] if len(w) > 12000 else float("nan") for w in wavs[:k]]
-    dn_ref = [dnsmos(r, 24000)["ovrl"] for r in refs[:k]]
-    # the vocoder's own ceiling: each reference resynthesised from its log-mel (copy synthesis); its MCD covers the
-    # same sentences as mcd_db, its DNSMOS the same as the other DNSMOS figures
-    model = syn.model
-    to_mel = LogMel(model.cfg.vocos).to(syn.device)
-    with torch.inference_mode():
-        vocoded = [model.mel_to_wav(to_mel(torch.from_numpy(r).to(syn.device)[None]))[0].float().cpu().numpy()
-                   for r in refs]
-    dn_voc = [dnsmos(v, 24000)["ovrl"] for v in vocoded[:k]]
     ratios_a = np.array(ratios)
-    res = {
-        "sentences": len(items), "synthesis_seconds_cpu": round(synth_s, 1),
+    res.update({
+        "synthesis_seconds_cpu": round(synth_s, 1),
         "mcd_db": bootstrap_ci(mcd_ok) if mcd_ok else None, "mcd_failed": len(mcds) - len(mcd_ok),
-        "mcd_settings": "ESPnet: pysptk mcep order 34, alpha 0.46, 24 kHz, 1024 fft, 5 ms hop, DTW, c0 excluded",
         "duration_ratio_median": float(np.median(ratios_a)),
         "duration_within_25pct": float(np.mean((ratios_a > 0.75) & (ratios_a < 1.25))),
         "eos_reached": float(np.mean(eos)),
         "dnsmos_ovrl_synth": bootstrap_ci([x for x in dn_syn if np.isfinite(x)]),
-        "dnsmos_ovrl_reference": bootstrap_ci(dn_ref),
-        "dnsmos_ovrl_vocoded_reference": bootstrap_ci(dn_voc),
-        "mcd_db_vocoded_reference": bootstrap_ci([mcd(r, v, 24000, align="dtw").value_db for r, v in zip(refs, vocoded)]),
         "speaker_distance_synth": speaker_distances(items, wavs),
         "speaker_distance_reference": speaker_distances(items, refs),
         "per_language": {},
         "settings": {"seed": a.seed, "max_new_tokens": a.max_new_tokens,
                      "sampling": {"ChatTTS defaults, except": chosen} if chosen else "ChatTTS defaults",
                      "speaker": "the held-out sentence's speaker, by voice name"},
-    }
+    })
     for lang in ("en", "zh"):
         sel = [i for i, it in enumerate(items) if it["lang"] == lang]
         m = [mcds[i] for i in sel if np.isfinite(mcds[i])]
         res["per_language"][lang] = {"n": len(sel), "mcd_db": float(np.mean(m)) if m else None,
                                      "duration_within_25pct": float(np.mean([(0.75 < ratios[i] < 1.25) for i in sel])),
                                      "eos_reached": float(np.mean([eos[i] for i in sel]))}
-    print(json.dumps(res, indent=2, ensure_ascii=False))
-    if a.json:
-        a.json.parent.mkdir(parents=True, exist_ok=True)
-        a.json.write_text(json.dumps(res, indent=2, ensure_ascii=False) + "\n")
+    report(res, a)
     if a.pictures:
         a.pictures.mkdir(parents=True, exist_ok=True)
         picks = [next(i for i, it in enumerate(items) if it["lang"] == "en" and len(it["text"]) < 50),
@@ -166,6 +168,14 @@ def main(argv=None):
         for n, i in enumerate(picks, 1):
             it = items[i]
             picture(refs[i], wavs[i], f"{it['id']} ({it['speaker']}): {it['text']}", a.pictures / f"heldout_{n}.png")
+    return res
+
+
+def report(res: dict, a) -> dict:
+    print(json.dumps(res, indent=2, ensure_ascii=False))
+    if a.json:
+        a.json.parent.mkdir(parents=True, exist_ok=True)
+        a.json.write_text(json.dumps(res, indent=2, ensure_ascii=False) + "\n")
     return res
 
 

@@ -1,6 +1,6 @@
 """Train ttsq's shipped voice from an espeak-ng corpus pack (see toolkit.voice.corpus). Three stages:
 
-  vocos  mel -> wav (mel L1 + multi-resolution STFT losses) on the PCM subset
+  vocos  mel -> wav (mel L1 + multi-resolution STFT losses; with --vocos-gan also discriminators) on the PCM subset
   dvae   mel -> GFSQ codes (4 codebooks of 625 = 5^4, G=2, R=2, straight-through) -> DVAEDecoder -> mel
   gpt    phoneme tokens + speaker -> codes (ChatTTS prompt layout, teacher forced, EOS = 625 in every codebook)
          jointly with the Decoder (GPT hidden states -> mel, L1), a guided-attention loss on two heads, and
@@ -35,6 +35,7 @@ from ..models.decoder import ConvStack, DVAEDecoder
 from ..models.gpt import GPT
 from ..models.speaker import apply_speaker
 from ..models.vocos import LogMel, Vocos
+from .discriminators import MEL_WEIGHT, Discriminators
 
 SHARD_BYTES = 15 * 2**20
 MEL_LO, MEL_HI = -11.6, 4.4
@@ -150,7 +151,19 @@ def stft_mag(x: Tensor, n_fft: int, hop: int) -> Tensor:
     return torch.stft(x, n_fft, hop, window=win, return_complex=True).abs().clamp(min=1e-5)
 
 
+def reconstruction_loss(logmel: LogMel, y: Tensor, x: Tensor) -> tuple[Tensor, Tensor]:
+    """-> (log-mel L1, multi-resolution STFT loss: spectral convergence + log-magnitude L1) of y against x (B, T)."""
+    loss_mel = F.l1_loss(logmel(y), logmel(x))
+    loss_stft = 0.0
+    for n_fft, hop in ((512, 128), (1024, 256), (2048, 512)):
+        a, b = stft_mag(y, n_fft, hop), stft_mag(x, n_fft, hop)
+        loss_stft = loss_stft + (b - a).norm() / b.norm() + F.l1_loss(a.log(), b.log())
+    return loss_mel, loss_stft / 3
+
+
 def train_vocos(cfg: ModelConfig, data: Data, args, device, log) -> None:
+    """With --vocos-gan, adversarial training against discriminators.Discriminators (their state is the run's
+    vocos_disc checkpoint): the reconstruction losses alone leave a buzzy phase that DNSMOS hears."""
     torch.manual_seed(args.seed)
     g = np.random.default_rng(args.seed)
     vocos = Vocos(cfg.vocos).to(device)
@@ -160,7 +173,15 @@ def train_vocos(cfg: ModelConfig, data: Data, args, device, log) -> None:
     if prev:
         vocos.load_state_dict(prev[0])
         step0 = prev[1].get("step", 0)
-    opt = torch.optim.AdamW(vocos.parameters(), lr=args.vocos_lr, betas=(0.8, 0.99), weight_decay=0.0)
+    betas = (0.8, 0.9) if args.vocos_gan else (0.8, 0.99)
+    opt = torch.optim.AdamW(vocos.parameters(), lr=args.vocos_lr, betas=betas, weight_decay=0.0)
+    disc = opt_d = None
+    if args.vocos_gan:
+        disc = Discriminators().to(device)
+        prev_d = load_state(args.resume, "vocos_disc")
+        if prev_d:
+            disc.load_state_dict(prev_d[0])
+        opt_d = torch.optim.AdamW(disc.parameters(), lr=args.vocos_lr, betas=betas, weight_decay=0.0)
     seg = 64 * 256 if not args.smoke else 16 * 256
     B = args.vocos_batch
     wav = data.wav.to(device)
@@ -172,8 +193,10 @@ def train_vocos(cfg: ModelConfig, data: Data, args, device, log) -> None:
         idx = g.choice(ok, B)
         offs = [int(g.integers(starts[i], ends[i] - seg)) for i in idx]
         x = torch.stack([wav[o: o + seg] for o in offs])
-        for pg in opt.param_groups:
-            pg["lr"] = lr_at(step, budget.frac(step), args.vocos_lr, 200 if prev else 500)
+        lr = lr_at(step, budget.frac(step), args.vocos_lr, 200 if prev else 500)
+        for o in filter(None, (opt, opt_d)):
+            for pg in o.param_groups:
+                pg["lr"] = lr
         with torch.no_grad():
             mel = logmel(x)
         with autocast(device):
@@ -181,20 +204,30 @@ def train_vocos(cfg: ModelConfig, data: Data, args, device, log) -> None:
         y = vocos.istft(spec)
         n = min(y.shape[-1], x.shape[-1])
         y, xr = y[:, :n], x[:, :n]
-        loss_mel = F.l1_loss(logmel(y), logmel(xr))
-        loss_stft = 0.0
-        for n_fft, hop in ((512, 128), (1024, 256), (2048, 512)):
-            a, b = stft_mag(y, n_fft, hop), stft_mag(xr, n_fft, hop)
-            loss_stft = loss_stft + (b - a).norm() / b.norm() + F.l1_loss(a.log(), b.log())
-        loss = loss_mel + loss_stft / 3
+        loss_mel, loss_stft = reconstruction_loss(logmel, y, xr)
+        loss = loss_mel + loss_stft
+        extra = {}
+        if disc is not None:
+            with autocast(device):
+                loss_d = disc.loss(xr, y.detach())
+            opt_d.zero_grad(set_to_none=True)
+            loss_d.backward()
+            torch.nn.utils.clip_grad_norm_(disc.parameters(), 10.0)
+            opt_d.step()
+            with autocast(device):
+                adv, fm = disc.generator_loss(xr, y)
+            loss = MEL_WEIGHT * loss + adv + fm
+            extra = {"disc": loss_d.item(), "adv": float(adv), "fm": float(fm)}
         opt.zero_grad(set_to_none=True)
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(vocos.parameters(), 1.0)
+        torch.nn.utils.clip_grad_norm_(vocos.parameters(), 1.0 if disc is None else MEL_WEIGHT)  # same bound
         opt.step()
         if step % args.log_every == 0:
-            log("vocos", step0 + step, mel_l1=loss_mel.item(), stft=float(loss_stft.detach()) / 3)
+            log("vocos", step0 + step, mel_l1=loss_mel.item(), stft=float(loss_stft), **extra)
         step += 1
     save_state(Path(args.out), "vocos", vocos.state_dict(), {"step": step0 + step})
+    if disc is not None:
+        save_state(Path(args.out), "vocos_disc", disc.state_dict(), {"step": step0 + step})
     log("vocos", step0 + step, done=1)
 
 
@@ -617,6 +650,8 @@ def main(argv=None):
     ap.add_argument("--dvae-lr", type=float, default=1e-3)
     ap.add_argument("--gpt-lr", type=float, default=6e-4)
     ap.add_argument("--vocos-batch", type=int, default=32)
+    ap.add_argument("--vocos-gan", action="store_true",
+                    help="vocos stage: train against multi-period and multi-resolution discriminators")
     ap.add_argument("--dvae-batch", type=int, default=64)
     ap.add_argument("--gpt-batch", type=int, default=64)
     ap.add_argument("--gpt-tokens", type=int, default=24000, help="token budget per GPT batch")
@@ -694,7 +729,8 @@ def main(argv=None):
     if args.parallel and "vocos" in stages:
         cmd = [sys.executable, "-m", "toolkit.voice.train", "--stages", "vocos", "--data", str(args.data),
                "--out", str(args.out), "--minutes", str(args.minutes), "--vocos-minutes", str(args.vocos_minutes),
-               "--seed", str(args.seed), "--device", str(device)] + (["--resume", str(args.resume)] if args.resume else [])
+               "--seed", str(args.seed), "--device", str(device)] + (["--resume", str(args.resume)] if args.resume else []) \
+            + (["--vocos-gan"] if args.vocos_gan else [])
         child = subprocess.Popen(cmd)
         stages.remove("vocos")
     if "vocos" in stages:
