@@ -167,6 +167,46 @@ def test_freeze_gpt_trains_the_decoder_alone_on_real_mels(tmp_path):
 
 
 @needs_espeak
+@pytest.mark.skipif(not (SHIPPED / "manifest.json").is_file(), reason="no shipped voice")
+def test_vocos_on_decoder_pairs_the_decoders_mels_with_their_own_audio(tmp_path):
+    """A codes pack with PCM: the teacher-forced Decoder's mel of each utterance lines up with that utterance's real
+    log-mel (closer than the same mel shifted by one frame either way), and the vocoder stage trains on those pairs."""
+    import json
+
+    import torch
+
+    from toolkit.models.vocos import LogMel
+    from toolkit.voice.corpus import build, load_pack
+    from toolkit.voice.train import Data, checkpoints_from_voice, decoder_mels, main, voice_config
+
+    encoder = SHIPPED.parents[2] / "docs" / "voice" / "dvae_encoder.safetensors"
+    build(tmp_path / "corpus", n_train=6, n_heldout=1, seed=0, workers=2, vocoder_seconds=60, codes_from=SHIPPED,
+          encoder=encoder)
+    checkpoints_from_voice(SHIPPED, encoder, tmp_path / "ckpt")
+    pack = load_pack(tmp_path / "corpus" / "pack")
+    data = Data(pack, torch.device("cpu"))
+    args = type("Args", (), {"resume": tmp_path / "ckpt"})
+    spk_id = json.loads((SHIPPED / "tokenizer.json").read_text())
+    spk_id = next(t["id"] for t in spk_id["added_tokens"] if t["content"] == "[spk_emb]")
+    cfg = voice_config(pack["info"]["vocab_size"])
+    mels = decoder_mels(cfg, data, args, torch.device("cpu"), spk_id)
+    assert sorted(mels) == sorted(int(u) for u in data.wav_utt) == list(range(data.n))  # every utterance has PCM
+    lm = LogMel(cfg.vocos)
+    for k, u in enumerate(data.wav_utt):
+        mel = mels[int(u)]
+        assert mel.shape == (100, 2 * len(data.codes[int(u)]))
+        real = lm(data.wav[data.wav_off[k]: data.wav_off[k + 1]][None])[0][:, : mel.shape[1]]
+        aligned = (mel - real).abs().mean()
+        shifted = min((mel[:, 1:] - real[:, :-1]).abs().mean(), (mel[:, :-1] - real[:, 1:]).abs().mean())
+        assert aligned < shifted, (aligned, shifted)  # frame-exact: one frame either way is worse
+    main(["--data", str(tmp_path / "corpus" / "pack"), "--resume", str(tmp_path / "ckpt"), "--stages", "vocos",
+          "--out", str(tmp_path / "run"), "--vocos-steps", "1", "--vocos-batch", "2", "--device", "cpu",
+          "--vocos-on-decoder"])
+    step = json.loads((SHIPPED / "manifest.json").read_text())["voice"]["trained_steps"]["vocos"]
+    assert json.loads((tmp_path / "run" / "vocos.json").read_text())["step"] == step + 1
+
+
+@needs_espeak
 def test_alignment_check_reads_along_the_text_on_a_training_sentence(tmp_path):
     """The alignment diagnostic on the shipped voice: its guided heads walk along a sentence it trained on (low
     off-diagonal mass, far below what attention spread evenly over the text would give), and it writes its picture."""

@@ -20,7 +20,8 @@ DIR gets:
 With --codes-from VOICE (a trained ttsq voice folder, whose tokenizer is reused, and its DVAE encoder) the pack holds
 the DVAE codes of every training utterance (codes, codes_off in index.npz; int16, 4 per step) instead of mels and
 PCM: about 25x smaller, so a 10-20x larger corpus still travels to the GPU, where the GPT resumes from that voice
-(train.py decodes its mel targets from the codes).
+(train.py decodes its mel targets from the codes). --vocoder-seconds N adds PCM to a codes pack, for
+train.py --vocos-on-decoder (the vocoder fine-tuned on the Decoder's mels of those utterances).
 The corpus is generated, never committed.
 """
 from __future__ import annotations
@@ -359,7 +360,6 @@ def build(out: Path, n_train: int, n_heldout: int, seed: int, workers: int, voco
         if unknown:
             print(f"phoneme symbols the voice's tokenizer lacks (read as unknown): {' '.join(unknown)}", flush=True)
         encode = code_encoder(encoder, tok.vocab_size)
-        vocoder_seconds = 0.0
     else:
         tok = build_char_tokenizer(inventory, out / "tokenizer.json")
     from ..text import prompt_text
@@ -433,7 +433,8 @@ def main(argv=None):
     ap.add_argument("--heldout", type=int, default=100, help="held-out sentences (evaluation only)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--workers", type=int, default=2)
-    ap.add_argument("--vocoder-seconds", type=float, default=200.0, help="seconds of PCM kept for the vocoder")
+    ap.add_argument("--vocoder-seconds", type=float, default=None,
+                    help="seconds of PCM kept for the vocoder (default 200; 0 with --codes-from)")
     ap.add_argument("--codes-from", type=Path, default=None,
                     help="a trained voice folder: store its DVAE codes instead of mels (and reuse its tokenizer)")
     ap.add_argument("--encoder", type=Path, default=Path("docs/voice/dvae_encoder.safetensors"),
@@ -441,6 +442,8 @@ def main(argv=None):
     ap.add_argument("--keep-mels", action="store_true",
                     help="with --codes-from: store the mels too, as real Decoder targets (train.py --freeze-gpt)")
     a = ap.parse_args(argv)
+    if a.vocoder_seconds is None:
+        a.vocoder_seconds = 0.0 if a.codes_from else 200.0
     build(a.out, a.train, a.heldout, a.seed, a.workers, a.vocoder_seconds, a.codes_from, a.encoder, a.keep_mels)
 
 

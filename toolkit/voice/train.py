@@ -101,6 +101,7 @@ class Data:
         self.spk = torch.from_numpy(pack["spk"].astype(np.int64))
         self.wav = torch.from_numpy(pack["wav"].astype(np.float32) / 32768.0)
         self.wav_off = pack["wav_off"]
+        self.wav_utt = pack["wav_utt"]  # the utterance of each PCM part
         self.info = pack["info"]
         self.n = len(self.spk)
         self.frames = np.diff(self.mel_off)
@@ -161,9 +162,10 @@ def reconstruction_loss(logmel: LogMel, y: Tensor, x: Tensor) -> tuple[Tensor, T
     return loss_mel, loss_stft / 3
 
 
-def train_vocos(cfg: ModelConfig, data: Data, args, device, log) -> None:
+def train_vocos(cfg: ModelConfig, data: Data, args, device, log, dec_mels: dict[int, Tensor] | None = None) -> None:
     """With --vocos-gan, adversarial training against discriminators.Discriminators (their state is the run's
-    vocos_disc checkpoint): the reconstruction losses alone leave a buzzy phase that DNSMOS hears."""
+    vocos_disc checkpoint): the reconstruction losses alone leave a buzzy phase that DNSMOS hears.
+    With dec_mels (decoder_mels), the vocoder reads the Decoder's mels instead of the audio's own, hop-aligned."""
     torch.manual_seed(args.seed)
     g = np.random.default_rng(args.seed)
     vocos = Vocos(cfg.vocos).to(device)
@@ -187,18 +189,26 @@ def train_vocos(cfg: ModelConfig, data: Data, args, device, log) -> None:
     wav = data.wav.to(device)
     starts, ends = data.wav_off[:-1], data.wav_off[1:]
     ok = np.flatnonzero(ends - starts > seg)
+    hop, frames = cfg.vocos.hop, seg // cfg.vocos.hop + 1  # a segment's log-mel frames (centred STFT)
+    if dec_mels is not None:  # frame offsets at which both the audio and the Decoder's mel hold a whole segment
+        room = np.minimum((ends - starts - seg) // hop, [dec_mels[int(u)].shape[1] - frames for u in data.wav_utt])
+        ok = np.flatnonzero(room >= 0)
     budget = Budget(args.vocos_minutes, args.vocos_steps)
     step = 0
     while not budget.done(step):
         idx = g.choice(ok, B)
-        offs = [int(g.integers(starts[i], ends[i] - seg)) for i in idx]
+        if dec_mels is None:
+            offs = [int(g.integers(starts[i], ends[i] - seg)) for i in idx]
+        else:
+            offs = [int(starts[i]) + hop * int(g.integers(0, room[i] + 1)) for i in idx]
         x = torch.stack([wav[o: o + seg] for o in offs])
         lr = lr_at(step, budget.frac(step), args.vocos_lr, 200 if prev else 500)
         for o in filter(None, (opt, opt_d)):
             for pg in o.param_groups:
                 pg["lr"] = lr
         with torch.no_grad():
-            mel = logmel(x)
+            mel = logmel(x) if dec_mels is None else torch.stack(
+                [dec_mels[int(data.wav_utt[i])][:, (o - starts[i]) // hop:][:, :frames] for i, o in zip(idx, offs)]).to(device)
         with autocast(device):
             spec = vocos.spectrum(mel)
         y = vocos.istft(spec)
@@ -434,6 +444,38 @@ def build_batch(gpt: GPT, spk_table: nn.Parameter, data: Data, codes: list[Tenso
     return x, tgt, T.to(device), N.to(device), L
 
 
+def decoder_states(h: Tensor, T: Tensor, N: Tensor, L: int) -> Tensor:
+    """The states the Decoder reads, (B, max N, hidden): each code's is the one it was sampled from, T-1 .. T+N-2."""
+    j = torch.arange(int(N.max()), device=h.device)
+    pos = (T[:, None] - 1 + j[None]).clamp(max=L - 1)
+    return torch.gather(h, 1, pos[..., None].expand(-1, -1, h.shape[-1]))
+
+
+@torch.no_grad()
+def decoder_mels(cfg: ModelConfig, data: Data, args, device, spk_id: int, batch: int = 16) -> dict[int, Tensor]:
+    """{utterance: the Decoder's mel (100, 2N)} for every utterance with PCM, the resumed GPT teacher-forced on its
+    codes: what the vocoder hears at synthesis time, frame-aligned with the real audio."""
+    prev = load_state(args.resume, "gpt")
+    if prev is None or data.codes is None:
+        raise SystemExit("--vocos-on-decoder needs --resume with a gpt checkpoint and a codes pack with PCM "
+                         "(corpus --codes-from VOICE --vocoder-seconds N)")
+    gpt, decoder = GPT(cfg.gpt).to(device).eval(), ConvStack(cfg.decoder).to(device).eval()
+    gpt.load_state_dict(sub_state(prev[0], "gpt."))
+    decoder.load_state_dict(sub_state(prev[0], "decoder."))
+    table = prev[0]["spk_table"].to(device)
+    utts = [int(i) for i in data.wav_utt]
+    out = {}
+    for s in range(0, len(utts), batch):
+        idx = utts[s: s + batch]
+        with autocast(device):
+            x, _, T, N, L = build_batch(gpt, table, data, data.codes, idx, spk_id, device)
+            h = gpt.forward_full(x, torch.arange(L, device=device)[None] < (T + N)[:, None])
+            mel = decoder(decoder_states(h, T, N, L).transpose(1, 2)).float().cpu()
+        for b, i in enumerate(idx):
+            out[i] = mel[b, :, : 2 * int(N[b])]
+    return out
+
+
 @torch.no_grad()
 def code_mel_batch(dec: DVAEDecoder, codes: list[Tensor], idx, device) -> tuple[Tensor, Tensor]:
     """Mel targets decoded from codes by the DVAE decoder (a codes pack has no mels): (B, 100, 2N), mask (B, 2N)."""
@@ -495,10 +537,7 @@ def train_gpt(cfg: ModelConfig, data: Data, codes: list[Tensor], args, device, l
             sel = tgt[..., 0] != -100
             logits = gpt.code_logits(h[sel])  # (M, Q, V)
             ce = code_loss(logits, tgt[sel], gpt.cfg.eos_code, args.eos_weight)
-            # the Decoder reads the state each code is sampled from: positions T-1 .. T+N-2
-            j = torch.arange(int(N.max()), device=device)
-            pos = (T[:, None] - 1 + j[None]).clamp(max=L - 1)
-            hid = torch.gather(h, 1, pos[..., None].expand(-1, -1, h.shape[-1]))
+            hid = decoder_states(h, T, N, L)
         with autocast(device):
             mel_pred = decoder(hid.transpose(1, 2))
             ga = guided.loss(T, N) if args.guided > 0 else torch.zeros((), device=device)
@@ -650,6 +689,9 @@ def main(argv=None):
     ap.add_argument("--dvae-lr", type=float, default=1e-3)
     ap.add_argument("--gpt-lr", type=float, default=6e-4)
     ap.add_argument("--vocos-batch", type=int, default=32)
+    ap.add_argument("--vocos-on-decoder", action="store_true",
+                    help="vocos stage: fine-tune on the Decoder's mels of the --resume'd GPT (teacher-forced on a codes "
+                         "pack with PCM), paired with the real audio, so that it learns the mels it gets at synthesis")
     ap.add_argument("--vocos-gan", action="store_true",
                     help="vocos stage: train against multi-period and multi-resolution discriminators")
     ap.add_argument("--dvae-batch", type=int, default=64)
@@ -734,7 +776,8 @@ def main(argv=None):
         child = subprocess.Popen(cmd)
         stages.remove("vocos")
     if "vocos" in stages:
-        train_vocos(cfg, data, args, device, log)
+        dec_mels = decoder_mels(cfg, data, args, device, spk_id) if args.vocos_on_decoder else None
+        train_vocos(cfg, data, args, device, log, dec_mels)
     if "dvae" in stages or "gpt" in stages:
         enc, dec = train_dvae(cfg, data, args, device, log) if "dvae" in stages or resumed_gpt else (None, None)
         if enc is None:
