@@ -227,7 +227,7 @@ def train_vocos(cfg: ModelConfig, data: Data, args, device, log, dec_mels: dict[
             with autocast(device):
                 adv, fm = disc.generator_loss(xr, y)
             loss = MEL_WEIGHT * loss + adv + fm
-            extra = {"disc": loss_d.item(), "adv": float(adv), "fm": float(fm)}
+            extra = {"disc": loss_d.item(), "adv": adv.item(), "fm": fm.item()}
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(vocos.parameters(), 1.0 if disc is None else MEL_WEIGHT)  # same bound
