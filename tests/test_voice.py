@@ -185,11 +185,10 @@ def test_vocos_on_decoder_pairs_the_decoders_mels_with_their_own_audio(tmp_path)
     checkpoints_from_voice(SHIPPED, encoder, tmp_path / "ckpt")
     pack = load_pack(tmp_path / "corpus" / "pack")
     data = Data(pack, torch.device("cpu"))
-    args = type("Args", (), {"resume": tmp_path / "ckpt"})
     spk_id = json.loads((SHIPPED / "tokenizer.json").read_text())
     spk_id = next(t["id"] for t in spk_id["added_tokens"] if t["content"] == "[spk_emb]")
     cfg = voice_config(pack["info"]["vocab_size"])
-    mels = decoder_mels(cfg, data, args, torch.device("cpu"), spk_id)
+    mels = decoder_mels(cfg, data, tmp_path / "ckpt", torch.device("cpu"), spk_id)
     assert sorted(mels) == sorted(int(u) for u in data.wav_utt) == list(range(data.n))  # every utterance has PCM
     lm = LogMel(cfg.vocos)
     for k, u in enumerate(data.wav_utt):

@@ -452,10 +452,10 @@ def decoder_states(h: Tensor, T: Tensor, N: Tensor, L: int) -> Tensor:
 
 
 @torch.no_grad()
-def decoder_mels(cfg: ModelConfig, data: Data, args, device, spk_id: int, batch: int = 16) -> dict[int, Tensor]:
+def decoder_mels(cfg: ModelConfig, data: Data, resume: Path, device, spk_id: int, batch: int = 16) -> dict[int, Tensor]:
     """{utterance: the Decoder's mel (100, 2N)} for every utterance with PCM, the resumed GPT teacher-forced on its
     codes: what the vocoder hears at synthesis time, frame-aligned with the real audio."""
-    prev = load_state(args.resume, "gpt")
+    prev = load_state(resume, "gpt")
     if prev is None or data.codes is None:
         raise SystemExit("--vocos-on-decoder needs --resume with a gpt checkpoint and a codes pack with PCM "
                          "(corpus --codes-from VOICE --vocoder-seconds N)")
@@ -776,7 +776,7 @@ def main(argv=None):
         child = subprocess.Popen(cmd)
         stages.remove("vocos")
     if "vocos" in stages:
-        dec_mels = decoder_mels(cfg, data, args, device, spk_id) if args.vocos_on_decoder else None
+        dec_mels = decoder_mels(cfg, data, args.resume, device, spk_id) if args.vocos_on_decoder else None
         train_vocos(cfg, data, args, device, log, dec_mels)
     if "dvae" in stages or "gpt" in stages:
         enc, dec = train_dvae(cfg, data, args, device, log) if "dvae" in stages or resumed_gpt else (None, None)
