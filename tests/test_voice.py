@@ -313,6 +313,18 @@ def test_vocos_gan_stage_saves_its_discriminators_and_resumes_them(tmp_path):
     assert not all(torch.equal(d1[k], v) for k, v in Discriminators().state_dict().items())
 
 
+def test_parallel_vocoder_process_gets_every_vocos_option():
+    """--parallel trains the vocoder in a child process: it must get the same --vocos-* options as the parent."""
+    import argparse
+
+    from toolkit.voice.train import vocos_options
+
+    args = argparse.Namespace(vocos_lr=2e-4, vocos_batch=8, vocos_minutes=7.5, vocos_steps=None, vocos_gan=True,
+                              vocos_on_decoder=False, gpt_lr=1e-3)
+    assert vocos_options(args) == ["--vocos-lr", "0.0002", "--vocos-batch", "8", "--vocos-minutes", "7.5",
+                                   "--vocos-gan"]
+
+
 def test_code_loss_weighs_the_eos_target():
     """--eos-weight: 1 is plain cross-entropy; w > 1 is the weighted mean, so a model that misses EOS loses more."""
     import torch

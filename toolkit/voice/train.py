@@ -669,6 +669,16 @@ def checkpoints_from_voice(model_dir: Path, encoder: Path, out: Path) -> None:
 
 
 # --- main ----------------------------------------------------------------------------------------
+def vocos_options(args) -> list[str]:
+    """Every --vocos-* option as given, for the --parallel vocoder process (so none is dropped on the way)."""
+    out = []
+    for key, value in vars(args).items():
+        if not key.startswith("vocos_") or value is None or value is False:
+            continue
+        out += [f"--{key.replace('_', '-')}"] + ([] if value is True else [str(value)])
+    return out
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--data", type=Path, help="corpus pack folder (toolkit.voice.corpus --out DIR: DIR/pack)")
@@ -770,9 +780,9 @@ def main(argv=None):
     child = None
     if args.parallel and "vocos" in stages:
         cmd = [sys.executable, "-m", "toolkit.voice.train", "--stages", "vocos", "--data", str(args.data),
-               "--out", str(args.out), "--minutes", str(args.minutes), "--vocos-minutes", str(args.vocos_minutes),
-               "--seed", str(args.seed), "--device", str(device)] + (["--resume", str(args.resume)] if args.resume else []) \
-            + (["--vocos-gan"] if args.vocos_gan else [])
+               "--out", str(args.out), "--minutes", str(args.minutes), "--seed", str(args.seed), "--device",
+               str(device), "--log-every", str(args.log_every)] + (["--resume", str(args.resume)] if args.resume else []) \
+            + vocos_options(args)
         child = subprocess.Popen(cmd)
         stages.remove("vocos")
     if "vocos" in stages:
