@@ -376,19 +376,27 @@ def build(out: Path, n_train: int, n_heldout: int, seed: int, workers: int, voco
             break
         voc_set.add(i)
         budget -= len(wavs[i]) / SR
+
+    @torch.no_grad()
+    def features(w):  # -> (F, 100) uint8 mel, and its codes from the uint8 mel as the encoder saw mels in training
+        q = quantise_mel(logmel(torch.from_numpy(w)[None])[0].T.numpy())
+        return q, None if encode is None else encode(torch.from_numpy(dequantise_mel(q)).T[None])
+
+    # torch frees the GIL inside its ops, so threads share the cores without copying the encoder into processes
+    with ThreadPoolExecutor(workers) as ex:
+        feats = list(ex.map(lambda iw: None if items[iw[0]]["split"] == "heldout" else features(iw[1]), enumerate(wavs)))
     with open(out / "meta.jsonl", "w", encoding="utf-8") as f:
-        for i, (it, w) in enumerate(zip(items, wavs)):
+        for i, (it, w, feat) in enumerate(zip(items, wavs, feats)):
             it["seconds"] = round(len(w) / SR, 3)
             f.write(json.dumps(it, ensure_ascii=False) + "\n")
             if it["split"] == "heldout":
                 sf.write(out / "heldout" / f"{it['id']}.wav", w, SR, subtype="PCM_16")
                 continue
-            with torch.no_grad():
-                q = quantise_mel(logmel(torch.from_numpy(w)[None])[0].T.numpy())  # (F, 100) uint8
+            q, c = feat
             n = len(q)
-            if encode is not None:  # from the uint8 mel, as the encoder saw mels in training
-                codes.append(encode(torch.from_numpy(dequantise_mel(q)).T[None]))
-                n = 2 * len(codes[-1])  # the frames the codes cover
+            if c is not None:
+                codes.append(c)
+                n = 2 * len(c)  # the frames the codes cover
             if encode is None or keep_mels:
                 mels.append(q[:n])
             frames.append(n)
