@@ -11,6 +11,7 @@ import pytest
 ESPEAK = shutil.which("espeak-ng") is not None
 needs_espeak = pytest.mark.skipif(not ESPEAK, reason="espeak-ng not installed (apt-get install espeak-ng)")
 SHIPPED = Path(__file__).resolve().parents[1] / "toolkit" / "assets" / "voice"
+ENCODER = SHIPPED.parents[2] / "docs" / "voice" / "dvae_encoder.safetensors"  # the shipped voice's DVAE encoder
 
 
 @needs_espeak
@@ -118,9 +119,8 @@ def test_gpt_resumes_from_the_shipped_voice_on_a_codes_pack(tmp_path):
     from toolkit.voice.corpus import build, load_pack
     from toolkit.voice.train import Data, checkpoints_from_voice, load_state, main, sub_state
 
-    encoder = SHIPPED.parents[2] / "docs" / "voice" / "dvae_encoder.safetensors"
     info = build(tmp_path / "corpus", n_train=12, n_heldout=2, seed=0, workers=2, vocoder_seconds=0,
-                 codes_from=SHIPPED, encoder=encoder)
+                 codes_from=SHIPPED, encoder=ENCODER)
     pack = load_pack(tmp_path / "corpus" / "pack")
     assert info["content"] == "codes" and pack["codes"].shape[1] == 4 and 0 <= pack["codes"].min()
     assert pack["codes"].max() < 625 and len(pack["codes_off"]) == info["utterances"] + 1
@@ -128,7 +128,7 @@ def test_gpt_resumes_from_the_shipped_voice_on_a_codes_pack(tmp_path):
     with pytest.raises(ValueError, match="codes, not mels"):
         Data(pack, torch.device("cpu")).mel(0)
 
-    checkpoints_from_voice(SHIPPED, encoder, tmp_path / "ckpt")
+    checkpoints_from_voice(SHIPPED, ENCODER, tmp_path / "ckpt")
     shipped = load_ttsq(SHIPPED)
     rebuilt = sub_state(load_state(tmp_path / "ckpt", "gpt")[0], "gpt.")
     for k, v in shipped.gpt.state_dict().items():
@@ -150,14 +150,13 @@ def test_freeze_gpt_trains_the_decoder_alone_on_real_mels(tmp_path):
     from toolkit.voice.corpus import build, load_pack
     from toolkit.voice.train import Data, checkpoints_from_voice, load_state, main
 
-    encoder = SHIPPED.parents[2] / "docs" / "voice" / "dvae_encoder.safetensors"
     info = build(tmp_path / "corpus", n_train=6, n_heldout=1, seed=0, workers=2, vocoder_seconds=0,
-                 codes_from=SHIPPED, encoder=encoder, keep_mels=True)
+                 codes_from=SHIPPED, encoder=ENCODER, keep_mels=True)
     pack = load_pack(tmp_path / "corpus" / "pack")
     assert info["content"] == "codes+mel" and len(pack["mel"]) == pack["mel_off"][-1] == 2 * len(pack["codes"])
     data = Data(pack, torch.device("cpu"))
     assert data.mel(0).shape == (100, 2 * len(data.codes[0]))
-    checkpoints_from_voice(SHIPPED, encoder, tmp_path / "ckpt")
+    checkpoints_from_voice(SHIPPED, ENCODER, tmp_path / "ckpt")
     main(["--data", str(tmp_path / "corpus" / "pack"), "--resume", str(tmp_path / "ckpt"), "--stages", "gpt",
           "--out", str(tmp_path / "run"), "--gpt-steps", "2", "--gpt-batch", "4", "--device", "cpu",
           "--save-every", "0", "--freeze-gpt"])
@@ -166,9 +165,20 @@ def test_freeze_gpt_trains_the_decoder_alone_on_real_mels(tmp_path):
     assert changed and all(k.startswith("decoder.") for k in changed), sorted(changed)[:5]
 
 
+@pytest.fixture(scope="module")
+def codes_pcm_corpus(tmp_path_factory) -> Path:
+    """Six training utterances of the shipped voice as a codes pack with their PCM (corpus --codes-from)."""
+    from toolkit.voice.corpus import build
+
+    out = tmp_path_factory.mktemp("codes_pcm") / "corpus"
+    build(out, n_train=6, n_heldout=1, seed=0, workers=2, vocoder_seconds=60, codes_from=SHIPPED,
+          encoder=ENCODER)
+    return out
+
+
 @needs_espeak
 @pytest.mark.skipif(not (SHIPPED / "manifest.json").is_file(), reason="no shipped voice")
-def test_vocos_on_decoder_pairs_the_decoders_mels_with_their_own_audio(tmp_path):
+def test_vocos_on_decoder_pairs_the_decoders_mels_with_their_own_audio(tmp_path, codes_pcm_corpus):
     """A codes pack with PCM: the teacher-forced Decoder's mel of each utterance lines up with that utterance's real
     log-mel (closer than the same mel shifted by one frame either way), and the vocoder stage trains on those pairs."""
     import json
@@ -176,19 +186,17 @@ def test_vocos_on_decoder_pairs_the_decoders_mels_with_their_own_audio(tmp_path)
     import torch
 
     from toolkit.models.vocos import LogMel
-    from toolkit.voice.corpus import build, load_pack
-    from toolkit.voice.train import Data, checkpoints_from_voice, decoder_mels, main, voice_config
+    from toolkit.voice.corpus import load_pack
+    from toolkit.voice.train import Data, checkpoints_from_voice, decoder_mels, load_gpt_decoder, main, voice_config
 
-    encoder = SHIPPED.parents[2] / "docs" / "voice" / "dvae_encoder.safetensors"
-    build(tmp_path / "corpus", n_train=6, n_heldout=1, seed=0, workers=2, vocoder_seconds=60, codes_from=SHIPPED,
-          encoder=encoder)
-    checkpoints_from_voice(SHIPPED, encoder, tmp_path / "ckpt")
-    pack = load_pack(tmp_path / "corpus" / "pack")
+    checkpoints_from_voice(SHIPPED, ENCODER, tmp_path / "ckpt")
+    pack = load_pack(codes_pcm_corpus / "pack")
     data = Data(pack, torch.device("cpu"))
     spk_id = json.loads((SHIPPED / "tokenizer.json").read_text())
     spk_id = next(t["id"] for t in spk_id["added_tokens"] if t["content"] == "[spk_emb]")
     cfg = voice_config(pack["info"]["vocab_size"])
-    mels = decoder_mels(cfg, data, tmp_path / "ckpt", torch.device("cpu"), spk_id)
+    cpu = torch.device("cpu")
+    mels = decoder_mels(*load_gpt_decoder(cfg, tmp_path / "ckpt", cpu), data, cpu, spk_id)
     assert sorted(mels) == sorted(int(u) for u in data.wav_utt) == list(range(data.n))  # every utterance has PCM
     lm = LogMel(cfg.vocos)
     for k, u in enumerate(data.wav_utt):
@@ -198,11 +206,28 @@ def test_vocos_on_decoder_pairs_the_decoders_mels_with_their_own_audio(tmp_path)
         aligned = (mel - real).abs().mean()
         shifted = min((mel[:, 1:] - real[:, :-1]).abs().mean(), (mel[:, :-1] - real[:, 1:]).abs().mean())
         assert aligned < shifted, (aligned, shifted)  # frame-exact: one frame either way is worse
-    main(["--data", str(tmp_path / "corpus" / "pack"), "--resume", str(tmp_path / "ckpt"), "--stages", "vocos",
+    main(["--data", str(codes_pcm_corpus / "pack"), "--resume", str(tmp_path / "ckpt"), "--stages", "vocos",
           "--out", str(tmp_path / "run"), "--vocos-steps", "1", "--vocos-batch", "2", "--device", "cpu",
           "--vocos-on-decoder"])
     step = json.loads((SHIPPED / "manifest.json").read_text())["voice"]["trained_steps"]["vocos"]
     assert json.loads((tmp_path / "run" / "vocos.json").read_text())["step"] == step + 1
+
+
+@needs_espeak
+@pytest.mark.skipif(not (SHIPPED / "manifest.json").is_file(), reason="no shipped voice")
+def test_gap_scores_each_stage_against_the_real_audio(codes_pcm_corpus, tmp_path):
+    """toolkit.voice.gap on the shipped voice: with the true codes (teacher forced) the Decoder's audio is far closer
+    to the real audio than free-running synthesis is, and every stage gets a DNSMOS on the 1-5 scale."""
+    import json
+
+    from toolkit.voice.gap import main
+
+    res = main(["--corpus", str(codes_pcm_corpus), "--n", "3", "--json", str(tmp_path / "gap.json")])
+    assert res["utterances"] == 3
+    assert set(res["dnsmos_ovrl"]) == {"real", "copy", "teacher_forced", "free_running"}
+    assert all(1.0 <= v[0] <= 5.0 for v in res["dnsmos_ovrl"].values())
+    assert res["mcd_db"]["teacher_forced"][0] < res["mcd_db"]["free_running"][0] - 2.0, res["mcd_db"]
+    assert json.loads((tmp_path / "gap.json").read_text()) == json.loads(json.dumps(res))
 
 
 @needs_espeak

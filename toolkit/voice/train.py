@@ -451,18 +451,25 @@ def decoder_states(h: Tensor, T: Tensor, N: Tensor, L: int) -> Tensor:
     return torch.gather(h, 1, pos[..., None].expand(-1, -1, h.shape[-1]))
 
 
-@torch.no_grad()
-def decoder_mels(cfg: ModelConfig, data: Data, resume: Path, device, spk_id: int, batch: int = 16) -> dict[int, Tensor]:
-    """{utterance: the Decoder's mel (100, 2N)} for every utterance with PCM, the resumed GPT teacher-forced on its
-    codes: what the vocoder hears at synthesis time, frame-aligned with the real audio."""
+def load_gpt_decoder(cfg: ModelConfig, resume: Path, device) -> tuple[GPT, ConvStack, Tensor]:
+    """The GPT, Decoder and speaker table (n_speakers, hidden) of a run's gpt checkpoint, in eval mode."""
     prev = load_state(resume, "gpt")
-    if prev is None or data.codes is None:
-        raise SystemExit("--vocos-on-decoder needs --resume with a gpt checkpoint and a codes pack with PCM "
-                         "(corpus --codes-from VOICE --vocoder-seconds N)")
+    if prev is None:
+        raise SystemExit(f"{resume} has no gpt checkpoint (gpt.json); give --resume a run folder that has one")
     gpt, decoder = GPT(cfg.gpt).to(device).eval(), ConvStack(cfg.decoder).to(device).eval()
     gpt.load_state_dict(sub_state(prev[0], "gpt."))
     decoder.load_state_dict(sub_state(prev[0], "decoder."))
-    table = prev[0]["spk_table"].to(device)
+    return gpt, decoder, prev[0]["spk_table"].to(device)
+
+
+@torch.no_grad()
+def decoder_mels(gpt: GPT, decoder: ConvStack, table: Tensor, data: Data, device, spk_id: int,
+                 batch: int = 16) -> dict[int, Tensor]:
+    """{utterance: the Decoder's mel (100, 2N)} for every utterance with PCM, the GPT teacher-forced on its codes:
+    what the vocoder hears at synthesis time, frame-aligned with the real audio."""
+    if data.codes is None:
+        raise SystemExit("the Decoder's mels need a codes pack with PCM "
+                         "(corpus --codes-from VOICE --vocoder-seconds N)")
     utts = [int(i) for i in data.wav_utt]
     out = {}
     for s in range(0, len(utts), batch):
@@ -786,7 +793,8 @@ def main(argv=None):
         child = subprocess.Popen(cmd)
         stages.remove("vocos")
     if "vocos" in stages:
-        dec_mels = decoder_mels(cfg, data, args.resume, device, spk_id) if args.vocos_on_decoder else None
+        dec_mels = decoder_mels(*load_gpt_decoder(cfg, args.resume, device), data, device, spk_id) \
+            if args.vocos_on_decoder else None
         train_vocos(cfg, data, args, device, log, dec_mels)
     if "dvae" in stages or "gpt" in stages:
         enc, dec = train_dvae(cfg, data, args, device, log) if "dvae" in stages or resumed_gpt else (None, None)
