@@ -378,13 +378,15 @@ def build(out: Path, n_train: int, n_heldout: int, seed: int, workers: int, voco
         budget -= len(wavs[i]) / SR
 
     @torch.no_grad()
-    def features(w):  # -> (F, 100) uint8 mel, and its codes from the uint8 mel as the encoder saw mels in training
-        q = quantise_mel(logmel(torch.from_numpy(w)[None])[0].T.numpy())
+    def features(i):  # -> (F, 100) uint8 mel, and its codes from the uint8 mel as the encoder saw mels in training
+        if items[i]["split"] == "heldout":
+            return None
+        q = quantise_mel(logmel(torch.from_numpy(wavs[i])[None])[0].T.numpy())
         return q, None if encode is None else encode(torch.from_numpy(dequantise_mel(q)).T[None])
 
     # torch frees the GIL inside its ops, so threads share the cores without copying the encoder into processes
     with ThreadPoolExecutor(workers) as ex:
-        feats = list(ex.map(lambda iw: None if items[iw[0]]["split"] == "heldout" else features(iw[1]), enumerate(wavs)))
+        feats = list(ex.map(features, range(len(items))))
     with open(out / "meta.jsonl", "w", encoding="utf-8") as f:
         for i, (it, w, feat) in enumerate(zip(items, wavs, feats)):
             it["seconds"] = round(len(w) / SR, 3)

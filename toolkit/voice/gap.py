@@ -53,6 +53,7 @@ def main(argv=None) -> dict:
     from ..models.vocos import LogMel
     from ..synthesizer import Synthesizer
     from .corpus import load_pack
+    from .measure import MCD_SETTINGS, report
     from .train import Data, decoder_mels
 
     data = Data(load_pack(a.corpus / "pack"), torch.device("cpu"))
@@ -82,12 +83,8 @@ def main(argv=None) -> dict:
     res = {"utterances": len(audio), "corpus": str(a.corpus), "model": str(a.model or "shipped voice"),
            "dnsmos_ovrl": {k: bootstrap_ci(v) for k, v in scores.items()},
            "mcd_db": {k: bootstrap_ci(v) for k, v in mcds.items()},
-           "mcd_settings": "ESPnet: pysptk mcep order 34, alpha 0.46, 24 kHz, 1024 fft, 5 ms hop, DTW, c0 excluded"}
-    print(json.dumps(res, indent=2))
-    if a.json:
-        a.json.parent.mkdir(parents=True, exist_ok=True)
-        a.json.write_text(json.dumps(res, indent=2) + "\n")
-    return res
+           "mcd_settings": MCD_SETTINGS}
+    return report(res, a)
 
 
 if __name__ == "__main__":

@@ -20,6 +20,8 @@ from pathlib import Path
 
 import numpy as np
 
+MCD_SETTINGS = "ESPnet: pysptk mcep order 34, alpha 0.46, 24 kHz, 1024 fft, 5 ms hop, DTW, c0 excluded"
+
 
 def mean_spectrum(wav: np.ndarray) -> np.ndarray:
     import torch
@@ -110,7 +112,7 @@ def main(argv=None):
                    for r in refs]
     res: dict[str, object] = {
         "sentences": len(items),
-        "mcd_settings": "ESPnet: pysptk mcep order 34, alpha 0.46, 24 kHz, 1024 fft, 5 ms hop, DTW, c0 excluded",
+        "mcd_settings": MCD_SETTINGS,
         "dnsmos_ovrl_reference": bootstrap_ci([dnsmos(r, 24000)["ovrl"] for r in refs[:k]]),
         "dnsmos_ovrl_vocoded_reference": bootstrap_ci([dnsmos(v, 24000)["ovrl"] for v in vocoded[:k]]),
         "mcd_db_vocoded_reference": bootstrap_ci([mcd(r, v, 24000, align="dtw").value_db for r, v in zip(refs, vocoded)]),
