@@ -27,9 +27,11 @@ def stage_audio(syn, audio: np.ndarray, dec_mel, item: dict, to_mel, max_new_tok
 
     from ..params import SamplingParams
 
+    from .measure import copy_synthesis
+
     model = syn.model
+    copy = copy_synthesis(model, to_mel, audio)
     with torch.inference_mode():
-        copy = model.mel_to_wav(to_mel(torch.from_numpy(audio)[None]))[0].float().numpy()
         forced = model.mel_to_wav(dec_mel[None])[0].float().numpy()
     free = syn.synthesize([item["text"]], speaker=item["speaker"], seed=0,
                           params=SamplingParams(max_new_tokens=max_new_tokens))[0].wav

@@ -777,10 +777,9 @@ def main(argv=None):
     t0 = time.time()
     from .corpus import load_pack
     data = Data(load_pack(args.data), device)
-    spk_id = json.loads((Path(args.data) / "tokenizer.json").read_text())
-    spk_id = next(t["id"] for t in spk_id["added_tokens"] if t["content"] == "[spk_emb]")
-    vocab = len(json.loads((Path(args.data) / "tokenizer.json").read_text())["model"]["vocab"]) + \
-        len(json.loads((Path(args.data) / "tokenizer.json").read_text())["added_tokens"])
+    from ..models import Tokenizer
+    tok = Tokenizer(Path(args.data) / "tokenizer.json")
+    spk_id, vocab = tok.token_id("[spk_emb]"), tok.vocab_size
     cfg = voice_config(vocab, args.smoke)
     log("data", 0, utterances=data.n, frames=int(data.mel_off[-1]), vocab=vocab, device=str(device))
 
