@@ -22,11 +22,13 @@ from toolkit.bench import STEPS_PER_S, decode_rate, random_model  # noqa: E402
 from toolkit.precision import quantize  # noqa: E402
 
 VARIANTS = {  # name -> Engine arguments
-    "graphs": dict(compile=False),
-    "block": dict(compile="block"),
-    "step-dynamic": dict(compile=True, compile_options={"dynamic": True}),
-    "step": dict(compile=True),  # static shapes, the default of Engine(compile=True)
-    "step-autotune": dict(compile=True, compile_options={"mode": "max-autotune-no-cudagraphs"}),
+    "graphs": dict(compile=False, kernels=False),
+    "block": dict(compile="block", kernels=False),
+    "step-dynamic": dict(compile=True, compile_options={"dynamic": True}, kernels=False),
+    "step": dict(compile=True, kernels=False),  # static shapes: the whole step in one compile
+    "step-autotune": dict(compile=True, compile_options={"mode": "max-autotune-no-cudagraphs"}, kernels=False),
+    "kernels": dict(compile=True, kernels=True),  # toolkit/kernels.py up to KERNELS_MAX_BATCH, sampler compiled
+    "kernels-graphs": dict(compile=False, kernels=True),  # the same, sampler not compiled
 }
 
 

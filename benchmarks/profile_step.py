@@ -40,8 +40,7 @@ def main(argv=None) -> int:
     dev = torch.device(a.device)
     model = copy.deepcopy(random_model(a.dims, dev))
     quantize(model, a.precision, device=dev)
-    compile, options = VARIANTS[a.variant]
-    engine = Engine(model.gpt, cuda_graphs=not a.no_graphs, compile=compile, compile_options=options)
+    engine = Engine(model.gpt, cuda_graphs=not a.no_graphs, **VARIANTS[a.variant])
     emb, valid = _prompt(model, a.batch, 32, dev)
     params = SamplingParams(max_new_tokens=a.steps, min_new_tokens=a.steps)
     engine.generate(emb, valid, params)  # warm-up: compile, capture, cache allocation

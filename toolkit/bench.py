@@ -117,7 +117,8 @@ def utterance_timing(model: TTSModel, steps: int, dev: torch.device, *, prompt: 
 def bench_precision(base: TTSModel, name: str, cfg: BenchConfig, dev: torch.device) -> dict:
     model = copy.deepcopy(base)
     quantize(model, name, device=dev)
-    row: dict = {"weight_bytes": state_bytes(model), "steps_per_s": {}, "audio_s_per_s": {}, "peak_mem_bytes": {}}
+    row: dict = {"weight_bytes": state_bytes(model), "steps_per_s": {}, "audio_s_per_s": {}, "peak_mem_bytes": {},
+                 "triton_kernel_batches": [B for B in cfg.batches if Engine(model.gpt).uses_kernels(B, dev)]}
     for B in cfg.batches:
         if dev.type == "cuda":
             torch.cuda.reset_peak_memory_stats(dev)
@@ -275,4 +276,8 @@ def markdown(report: dict) -> str:
                          f"render of the first {f['first_audio_steps']} states {f['render_first_audio_s'] * 1e3:.1f} ms")
     if parts:
         lines += ["", "Where first audio goes (batch 1, each part timed alone): " + "; ".join(parts)]
+    fused = [f"{name} at batch {', '.join(map(str, r['triton_kernel_batches']))}"
+             for name, r in report["ttsq"].items() if r.get("triton_kernel_batches")]
+    if fused:
+        lines += ["", "Decode steps through the Triton kernels of toolkit/kernels.py: " + "; ".join(fused)]
     return "\n".join(lines) + "\n"

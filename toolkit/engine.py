@@ -10,6 +10,8 @@ With `compile=True` the whole step (sampler, 20 blocks, bookkeeping) is one torc
 each batch size and cache bucket, and captured as a CUDA graph. Compiling costs seconds per new (batch, bucket):
 warm up first. benchmarks/engine_variants.py measures it against the cheaper regional compile ("block") on the GPU:
 1.1x at batch 1 and 64; at batch 1 the step is bound by the latency of its ~227 small kernels (benchmarks/README.md).
+At batch <= KERNELS_MAX_BATCH on CUDA the layers run through the Triton kernels of toolkit/kernels.py instead (six
+launches per layer, only the sampler compiled): 1.35x the compiled step at batch 1 on the H200.
 
 On CUDA (or with `prefill_graphs=True` anywhere) the prompt is left-padded to a multiple of PREFILL_BUCKET (padding
 is masked like a batch's own). That bounds the prompt shapes a long-running server sees: cuDNN's attention keeps a
@@ -41,6 +43,7 @@ CACHE_BUCKET = 256  # cache lengths are rounded up to this, so new lengths rarel
 # per request would otherwise hold a graph, and its buffers, for every combination it ever saw
 MAX_GRAPHS = 32
 PREFILL_BUCKET = 32  # prompt lengths are padded to this (on CUDA), so a few shapes and graphs serve every prompt
+KERNELS_MAX_BATCH = 2  # the Triton step reads the weights once per row: at batch 4 cuBLAS's GEMMs win on the H200
 
 
 class CaptureError(RuntimeError):
@@ -103,8 +106,10 @@ class DecodeState:
 
 
 def decode_step(gpt: GPT, s: DecodeState, p: SamplingParams, chunk: int,
-                run_block: BlockRunner = call_block, sample: Callable = sample_codes) -> None:
-    """One decode step on static buffers: sample from s.h, record, feed the codes back."""
+                run_block: BlockRunner = call_block, sample: Callable = sample_codes,
+                forward: Callable[[GPT, Tensor, Tensor, Tensor], Tensor] | None = None) -> None:
+    """One decode step on static buffers: sample from s.h, record, feed the codes back.
+    forward(gpt, x, cache slot, rope positions) replaces gpt's own forward (kernels.decode_forward)."""
     cfg = gpt.cfg
     B, Q, V = s.h.shape[0], cfg.num_vq, cfg.num_audio_tokens
     i = s.step
@@ -118,21 +123,30 @@ def decode_step(gpt: GPT, s: DecodeState, p: SamplingParams, chunk: int,
     s.finished |= (ids == cfg.eos_code).any(-1)
     s.lengths += ~s.finished
     x = gpt.embed_codes(ids)[:, None].to(s.h.dtype)
-    s.h.copy_(gpt(x, (s.prompt_len + i).view(1), s.rope_base + i, run_block)[:, 0])
+    slot, rope = (s.prompt_len + i).view(1), s.rope_base + i
+    s.h.copy_((forward(gpt, x, slot, rope) if forward else gpt(x, slot, rope, run_block))[:, 0])
     s.step += 1
 
 
 class Engine:
     def __init__(self, gpt: GPT, chunk: int = 16, cuda_graphs: bool = True, compile: bool | str = False,
-                 compile_options: dict | None = None, prefill_graphs: bool | None = None):
+                 compile_options: dict | None = None, prefill_graphs: bool | None = None,
+                 kernels: bool | None = None):
         """compile: False (eager), True or "step" (the whole decode step, fused across layers and with the sampler,
         static shapes: one compile per batch size and cache bucket), "block" (regional: one compiled block with
         dynamic shapes serves every layer, batch and bucket; compiles once, fuses less). Prefill runs through the
         compiled block in both modes. compile_options: torch.compile arguments for the step.
         prefill_graphs: pad prompts to PREFILL_BUCKET and replay the prefill as a CUDA graph (see the module doc);
         None: pad on CUDA, graphs at batch 1 where graphs run (cuda_graphs), True: pad on any device and batch
-        (graphs on CUDA with cuda_graphs), False: neither."""
+        (graphs on CUDA with cuda_graphs), False: neither.
+        kernels: decode batches of up to KERNELS_MAX_BATCH rows through the Triton kernels of toolkit/kernels.py (six
+        launches per layer; with compile, only the sampler is compiled around them). None: on CUDA where Triton is
+        installed and the weights are floats or int8 weight-only; True: also on CPU (under TRITON_INTERPRET=1);
+        False: never."""
         self.gpt = gpt
+        self.kernels = kernels
+        self._sample: Callable = sample_codes
+        self._kernel_step: Callable | None = None  # made on first use (it imports Triton)
         self.prefill_graphs = prefill_graphs
         self.chunk = chunk
         self.cuda_graphs = cuda_graphs
@@ -146,9 +160,9 @@ class Engine:
             torch._dynamo.config.accumulated_cache_size_limit = max(torch._dynamo.config.accumulated_cache_size_limit, 1024)
             # dynamic: batch and cache length change without a recompile (only batch 1 is specialised)
             self._run_block = torch.compile(call_block, fullgraph=True, dynamic=True)
+            self._sample = torch.compile(sample_codes, fullgraph=True)
             if compile == "block":
-                self._decode_step = functools.partial(decode_step, run_block=self._run_block,
-                                                      sample=torch.compile(sample_codes, fullgraph=True))
+                self._decode_step = functools.partial(decode_step, run_block=self._run_block, sample=self._sample)
             else:
                 # static: dynamic shapes cost 3x at batch 64 on the H200 (benchmarks/results/engine_variants_h200.json)
                 self._decode_step = torch.compile(decode_step, **{"fullgraph": True, "dynamic": False,
@@ -200,7 +214,48 @@ class Engine:
         return step_fn, new
 
     def _step(self, s: DecodeState, p: SamplingParams) -> None:
-        self._decode_step(self.gpt, s, p, self.chunk)
+        if self.uses_kernels(s.h.shape[0], s.h.device):
+            self._kernel_step(self.gpt, s, p, self.chunk)
+        else:
+            self._decode_step(self.gpt, s, p, self.chunk)
+
+    def uses_kernels(self, batch: int, device: torch.device) -> bool:
+        """Whether a decode step of `batch` rows on `device` runs through toolkit/kernels.py."""
+        if batch > KERNELS_MAX_BATCH or self.kernels is False or (self.kernels is None and device.type != "cuda"):
+            return False
+        try:
+            from . import kernels
+        except ImportError as e:
+            if self.kernels:
+                raise RuntimeError(f"Engine(kernels=True) needs Triton ({e}): pip install triton") from e
+            self.kernels = False
+            return False
+        if not kernels.supports(self.gpt):
+            if self.kernels:
+                raise ValueError("Engine(kernels=True): the Triton step reads float or int8 weight-only weights (not "
+                                 "this recipe's) and needs a power-of-two head size of at least 16; use kernels=None")
+            self.kernels = False
+        elif self._kernel_step is None:
+            if self.kernels is None and not self._kernels_launch(kernels, device):
+                self.kernels = False
+            else:
+                # only the sampler compiled: compiling the whole step around the kernels was no faster on the H200
+                # (1569 against 1622 steps/s at batch 1, results/engine_variants_kernels_h200.json), 4x the compile
+                self._kernel_step = functools.partial(decode_step, forward=kernels.decode_forward, sample=self._sample)
+        return self.kernels is not False
+
+    def _kernels_launch(self, kernels, device: torch.device) -> bool:
+        """Chosen automatically, the kernels first run one small matmul: on a GPU or toolchain that Triton cannot
+        serve, decoding goes on without them (with a warning) instead of failing mid-generation."""
+        try:
+            x, w = torch.randn(1, 64, device=device), torch.randn(8, 64, device=device)
+            torch.testing.assert_close(kernels.linear(x, w), x @ w.T, atol=1e-3, rtol=1e-3)
+        except Exception as e:  # noqa: BLE001 - any failure means the same thing here
+            warnings.warn(f"the Triton decode kernels do not run on {device} ({type(e).__name__}: "
+                          f"{str(e).strip()[:160]}); decoding without them, more slowly at batch 1",
+                          RuntimeWarning, stacklevel=4)
+            return False
+        return True
 
     def _runner(self, B: int, p: SamplingParams, dtype, device,
                 carry: DecodeState | None = None) -> tuple[Callable[[], None], DecodeState]:

@@ -1,0 +1,135 @@
+"""Launch settings for toolkit/kernels.py, and each kernel against what it replaces, at ChatTTS's dimensions (bf16,
+random weights, batch 1): microseconds per call, each timed as a CUDA graph of one call per layer (20, each on its
+own layer's weights and cache, as in a step, so weights stream from HBM rather than sit in L2), median of 6 replays
+(results/kernel_configs_h200.json: of 5, after one discarded). Prints the best setting per kernel and, with
+--apply, times the decode step with them (engine_variants.py's measurement, same run).
+
+    python3 benchmarks/kernel_configs.py --out benchmarks/results/kernel_configs_h200.json [--apply]
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import itertools
+import json
+import sys
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from attention_decode import time_call  # noqa: E402
+from toolkit import kernels  # noqa: E402
+from toolkit.bench import STEPS_PER_S, decode_rate, random_model  # noqa: E402
+from toolkit.precision import quantize  # noqa: E402
+
+CALLS = 20  # ChatTTS's layers
+GRID = {
+    "linear": [dict(block_n=n, block_k=k, warps=w) for n, k, w in itertools.product((1, 2, 4, 8), (128, 256, 512),
+                                                                                    (2, 4, 8))],
+    "gate": [dict(block_n=n, block_k=k, warps=w) for n, k, w in itertools.product((1, 2, 4, 8), (128, 256, 512),
+                                                                                  (2, 4, 8))],
+    "qkv": [dict(pairs=p, block_k=k, warps=w) for p, k, w in itertools.product((1, 2, 4), (128, 256, 512), (2, 4, 8))],
+    "attention": [dict(block_s=s, warps=w) for s, w in itertools.product((16, 32, 64, 128), (1, 2, 4))],
+}
+
+
+def us_per_call(fn) -> float:
+    """fn(i) for each layer i, captured in one CUDA graph (attention_decode.time_call); median replay time / CALLS."""
+    layer = itertools.cycle(range(CALLS))  # the graph's CALLS calls see each layer once, whatever the warm-up took
+    return time_call(lambda: fn(next(layer)), (), layers=CALLS, replays=6)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--cache", type=int, default=1024, help="KV cache slots (the query sits at the last)")
+    ap.add_argument("--apply", action="store_true", help="then time the decode step with the best settings")
+    ap.add_argument("--batches", default="1,2", help="batches for --apply")
+    ap.add_argument("--out", type=Path, required=True)
+    a = ap.parse_args(argv)
+    dev = torch.device("cuda")
+    base = random_model("chattts", dev)
+    model = copy.deepcopy(base)
+    quantize(model, "bf16", device=dev)
+    gpt = model.gpt
+    gpt.setup_caches(1, a.cache)
+    gpt.key_valid.fill_(True)
+    L, D = gpt.layers, gpt.cfg.hidden
+    torch.manual_seed(0)
+    h = torch.randn(1, D, device=dev, dtype=torch.bfloat16)
+    u = torch.randn(1, gpt.cfg.intermediate, device=dev, dtype=torch.bfloat16)
+    slot, rope = torch.tensor([a.cache - 1], device=dev), torch.tensor([[a.cache - 1]], device=dev)
+    q = kernels.qkv_rope(h, L[0], gpt.inv_freq, rope, slot)
+    q4 = q[:, :, None]
+    mask = gpt.key_valid[:, None, None, :]
+
+    def cache(i):
+        return L[i].attention.kv_cache
+
+    cases = {  # name: (kernel kind, the triton call on layer i, the PyTorch calls it replaces)
+        "qkv (norm, rope, cache)": ("qkv", lambda i: kernels.qkv_rope(h, L[i], gpt.inv_freq, rope, slot),
+                                    lambda i: L[i].attention.wqkv(L[i].attention_norm(h))),
+        "attention": ("attention", lambda i: kernels.attention(q, cache(i).k, cache(i).v, gpt.key_valid, slot),
+                      lambda i: F.scaled_dot_product_attention(q4, cache(i).k, cache(i).v, attn_mask=mask)),
+        "o-proj + residual": ("linear", lambda i: kernels.linear(h, L[i].attention.wo.weight, residual=h),
+                              lambda i: h + L[i].attention.wo(h)),
+        "gate/up (norm, silu)": ("gate", lambda i: kernels.linear(h, L[i].feed_forward.w13.weight,
+                                                                   norm=L[i].ffn_norm, gate=True),
+                                 lambda i: L[i].feed_forward.w13(L[i].ffn_norm(h))),
+        "down + residual": ("linear", lambda i: kernels.linear(u, L[i].feed_forward.w2.weight, residual=h),
+                            lambda i: h + L[i].feed_forward.w2(u)),
+    }
+    rows, chosen = [], {}
+    default = copy.deepcopy(kernels.CONFIGS)
+    for name, (kind, triton_call, torch_call) in cases.items():
+        rows.append(dict(case=name, impl="pytorch (eager ops in the graph)", us=round(us_per_call(torch_call), 2)))
+        for config in GRID[kind]:
+            kernels.CONFIGS[kind] = config
+            try:
+                rows.append(dict(case=name, impl="triton", config=config, us=round(us_per_call(triton_call), 2)))
+            except Exception as e:  # noqa: BLE001 - a setting the compiler refuses is recorded, not fatal
+                rows.append(dict(case=name, impl="triton", config=config, error=str(e)[:120]))
+        kernels.CONFIGS[kind] = default[kind]
+    for kind in GRID:  # per kind, the setting with the least total time over the cases that use it
+        names = [n for n, c in cases.items() if c[0] == kind]
+        totals = {}
+        for r in rows:
+            if r["case"] in names and "us" in r and r["impl"] == "triton":
+                totals.setdefault(json.dumps(r["config"]), []).append(r["us"])
+        best = min((sum(v), k) for k, v in totals.items() if len(v) == len(names))
+        chosen[kind] = json.loads(best[1])
+    print(f"{'case':26} {'pytorch us':>10} {'triton us (chosen)':>19} {'best any':>9}  chosen setting")
+    for name, (kind, _, _) in cases.items():
+        mine = [r for r in rows if r["case"] == name and "us" in r]
+        torch_us = mine[0]["us"]
+        pick = next(r["us"] for r in mine[1:] if r["config"] == chosen[kind])
+        print(f"{name:26} {torch_us:10.2f} {pick:19.2f} {min(r['us'] for r in mine[1:]):9.2f}  {chosen[kind]}")
+    steps = []
+    if a.apply:
+        kernels.CONFIGS.update(chosen)
+        del gpt, model
+        for B in map(int, a.batches.split(",")):
+            for variant, opts in (("step (no kernels)", dict(compile=True, kernels=False)),
+                                  ("kernels", dict(compile=True, kernels=True))):
+                torch._dynamo.reset()
+                sps = decode_rate(_bf16(base, dev), B, 470, dev, **opts)
+                steps.append(dict(variant=variant, batch=B, steps_per_s=round(sps, 1),
+                                  audio_s_per_s=round(sps * B / STEPS_PER_S, 1)))
+                print(json.dumps(steps[-1]), flush=True)
+    out = dict(command="python3 " + " ".join(sys.argv), device=torch.cuda.get_device_name(dev),
+               torch=torch.__version__, triton=__import__("triton").__version__, calls_per_graph=CALLS,
+               cache=a.cache, chosen=chosen, rows=rows, decode_steps=steps)
+    a.out.parent.mkdir(parents=True, exist_ok=True)
+    a.out.write_text(json.dumps(out, indent=1) + "\n")
+    return 0
+
+
+def _bf16(base, dev):
+    model = copy.deepcopy(base)
+    quantize(model, "bf16", device=dev)
+    return model
+
+
+if __name__ == "__main__":
+    sys.exit(main())

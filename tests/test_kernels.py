@@ -1,0 +1,112 @@
+"""The Triton decode step (toolkit/kernels.py) against the PyTorch one. Without a GPU the kernels run under Triton's
+interpreter (numpy, slow: tiny model, few steps); on CUDA the same tests run compiled."""
+import os
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")  # read when the kernels are defined, so set before the import
+pytest.importorskip("triton")
+
+from toolkit import kernels  # noqa: E402
+from toolkit.bench import _prompt, random_model  # noqa: E402
+from toolkit.engine import Engine  # noqa: E402
+from toolkit.models.config import GPTConfig  # noqa: E402
+from toolkit.models.gpt import GPT  # noqa: E402
+from toolkit.precision import quantize  # noqa: E402
+from toolkit.sampling import SamplingParams  # noqa: E402
+
+DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def odd_widths_gpt() -> GPT:
+    """Widths that no block size divides (48 = 3 heads of 16, FFN 80), like the shipped voice's FFN of 640."""
+    torch.manual_seed(0)
+    cfg = GPTConfig(hidden=48, layers=2, heads=3, intermediate=80, max_positions=256, num_text_tokens=32)
+    return GPT(cfg).to(DEVICE).eval().requires_grad_(False)
+
+
+@pytest.mark.parametrize("dtype, atol, dims", [(torch.float32, 1e-5, "tiny"), (torch.bfloat16, 0.1, "tiny"),
+                                               (torch.float32, 1e-5, "odd")])
+def test_decode_forward_matches_the_pytorch_forward_and_writes_the_same_cache(dtype, atol, dims):
+    gpt = (random_model("tiny", DEVICE).gpt if dims == "tiny" else odd_widths_gpt()).to(dtype)
+    B, S, slot = 2, 64, 20
+    gpt.setup_caches(B, S)
+    torch.manual_seed(1)
+    for layer in gpt.layers:
+        layer.attention.kv_cache.k.normal_()
+        layer.attention.kv_cache.v.normal_()
+    gpt.key_valid.fill_(True)
+    gpt.key_valid[1, :5] = False  # row 1 was left-padded: its first 5 slots must not be attended
+    x = torch.randn(B, 1, gpt.cfg.hidden, dtype=dtype, device=DEVICE)
+    pos, rope = torch.tensor([slot], device=DEVICE), torch.tensor([[slot], [slot - 5]], device=DEVICE)
+    before = [(l.attention.kv_cache.k.clone(), l.attention.kv_cache.v.clone()) for l in gpt.layers]
+    want = gpt(x, pos, rope)
+    want_cache = [(l.attention.kv_cache.k.clone(), l.attention.kv_cache.v.clone()) for l in gpt.layers]
+    for layer, (k, v) in zip(gpt.layers, before):
+        layer.attention.kv_cache.k.copy_(k)
+        layer.attention.kv_cache.v.copy_(v)
+    got = kernels.decode_forward(gpt, x, pos, rope)
+    assert got.shape == want.shape and got.dtype == want.dtype
+    torch.testing.assert_close(got.float(), want.float(), atol=atol, rtol=0)
+    for layer, (k, v) in zip(gpt.layers, want_cache):
+        torch.testing.assert_close(layer.attention.kv_cache.k.float(), k.float(), atol=atol, rtol=0)
+        torch.testing.assert_close(layer.attention.kv_cache.v.float(), v.float(), atol=atol, rtol=0)
+    # only the new slot was written
+    assert torch.equal(gpt.layers[0].attention.kv_cache.k[:, :, :slot], before[0][0][:, :, :slot])
+
+
+def test_engine_with_kernels_samples_the_same_codes():
+    model = random_model("tiny", DEVICE)
+    emb, valid = _prompt(model, 2, 12, DEVICE)
+    valid[1, :3] = False
+    p = SamplingParams(max_new_tokens=8, min_new_tokens=8)
+    want = Engine(model.gpt, kernels=False).generate(emb, valid, p, seed=3)
+    got = Engine(model.gpt, kernels=True).generate(emb, valid, p, seed=3)
+    assert torch.equal(got.codes, want.codes)
+    torch.testing.assert_close(got.hidden, want.hidden, atol=1e-5, rtol=0)
+
+
+def test_int8_weight_only_step_matches_torchao_forward():
+    pytest.importorskip("torchao")
+    model = random_model("tiny", DEVICE)
+    quantize(model, "int8", device=DEVICE)
+    gpt = model.gpt
+    assert kernels.supports(gpt)
+    gpt.setup_caches(1, 32)
+    gpt.key_valid.fill_(True)
+    dtype = gpt.norm.weight.dtype
+    x = torch.randn(1, 1, gpt.cfg.hidden, dtype=dtype, device=DEVICE)
+    pos, rope = torch.tensor([7], device=DEVICE), torch.tensor([[7]], device=DEVICE)
+    want = gpt(x, pos, rope)
+    got = kernels.decode_forward(gpt, x, pos, rope)
+    torch.testing.assert_close(got.float(), want.float(), atol=1e-4 if dtype == torch.float32 else 0.1, rtol=0)
+
+
+def test_kernels_refuse_other_quantized_weights_by_name():
+    pytest.importorskip("torchao")
+    model = random_model("tiny", torch.device("cpu"))
+    quantize(model, "w8a8")  # int8 activations too: not what the kernels compute
+    assert not kernels.supports(model.gpt)
+    emb, valid = _prompt(model, 1, 4, torch.device("cpu"))
+    with pytest.raises(ValueError, match="float or int8 weight-only"):
+        Engine(model.gpt, kernels=True).generate(emb, valid, SamplingParams(max_new_tokens=2))
+    assert Engine(model.gpt).generate(emb, valid, SamplingParams(max_new_tokens=2)).codes.shape[1] == 2
+
+
+def test_kernels_chosen_automatically_fall_back_with_a_warning_where_they_cannot_run(monkeypatch):
+    model = random_model("tiny", torch.device("cpu"))
+    engine = Engine(model.gpt)  # kernels=None: on CUDA only, after one trial launch
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("no compiler for this GPU")
+
+    monkeypatch.setattr(kernels, "linear", broken)
+    # here the trial launch fails: without CUDA at its first tensor, with CUDA in the patched kernel
+    with pytest.warns(RuntimeWarning, match="Triton decode kernels do not run on cuda"):
+        assert not engine.uses_kernels(1, torch.device("cuda"))
+    assert engine.kernels is False
+    emb, valid = _prompt(model, 1, 4, torch.device("cpu"))
+    assert Engine(model.gpt, kernels=True).uses_kernels(1, torch.device("cpu"))  # asked for: no trial, no fallback
+    assert engine.generate(emb, valid, SamplingParams(max_new_tokens=3, min_new_tokens=3)).codes.shape[1] == 3
