@@ -123,3 +123,10 @@ def test_kernels_chosen_automatically_fall_back_with_a_warning_where_they_cannot
     emb, valid = _prompt(model, 1, 4, torch.device("cpu"))
     assert Engine(model.gpt, kernels=True).uses_kernels(1, torch.device("cpu"))  # asked for: no trial, no fallback
     assert engine.generate(emb, valid, SamplingParams(max_new_tokens=3, min_new_tokens=3)).codes.shape[1] == 3
+
+
+def test_kernels_asked_for_on_cpu_without_the_interpreter_say_how(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    engine = Engine(random_model("tiny", torch.device("cpu")).gpt, kernels=True)
+    with pytest.raises(RuntimeError, match="set TRITON_INTERPRET=1"):
+        engine.uses_kernels(1, torch.device("cpu"))

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+import os
 import time
 import warnings
 from collections import OrderedDict, deque
@@ -223,6 +224,9 @@ class Engine:
         """Whether a decode step of `batch` rows on `device` runs through toolkit/kernels.py."""
         if batch > KERNELS_MAX_BATCH or self.kernels is False or (self.kernels is None and device.type != "cuda"):
             return False
+        if device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
+            raise RuntimeError(f"Engine(kernels=True) on {device} runs Triton's interpreter: set TRITON_INTERPRET=1 "
+                               "before toolkit.kernels is first imported, or use kernels=None (CUDA only)")
         try:
             from . import kernels
         except ImportError as e:
