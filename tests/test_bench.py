@@ -20,6 +20,7 @@ def test_bench_writes_report_and_table(tmp_path, capsys):
         parts = r["first_audio_parts"]  # where first audio's time goes
         assert parts["prefill_and_first_step_s"] > 0 and parts["render_first_audio_s"] > 0
         assert parts["first_audio_steps"] > 0
+        assert r["triton_kernel_batches"] == []  # CPU: the plain step
     assert "error" in rep["ttsq"]["fp8"]  # fp8 needs a GPU: recorded, and the others still ran
     assert rep["chattts"]["1"] == {"skipped": "no --chattts-python given"}
     table = out.with_suffix(".md").read_text()
@@ -40,6 +41,9 @@ def test_ratio_to_chattts_in_the_table():
                              "steps_per_s": {"1": 300.0}, "audio_s_per_s": {"1": 6.4}, "peak_mem_bytes": {}}},
            "chattts": {"1": {"steps_per_s": 100.0}}}
     assert "| fp32 | 1 | 0.500 | 0.100 | 300 | 6.4 | 3.0x | – |" in markdown(rep)
+    assert "Triton" not in markdown(rep)
+    rep["ttsq"]["fp32"]["triton_kernel_batches"] = [1]  # what a CUDA run records where the kernels ran
+    assert "Decode steps through the Triton kernels of toolkit/kernels.py: fp32 at batch 1" in markdown(rep)
 
 
 def test_bench_keeps_what_it_measured_part_by_part():
