@@ -253,7 +253,7 @@ class Engine:
         serve, decoding goes on without them (with a warning) instead of failing mid-generation."""
         try:
             x, w = torch.randn(1, 64, device=device), torch.randn(8, 64, device=device)
-            torch.testing.assert_close(kernels.linear(x, w), x @ w.T, atol=1e-3, rtol=1e-3)
+            torch.testing.assert_close(kernels.linear(x, w), x @ w.T, atol=1e-2, rtol=1e-2)  # sane, TF32 or not
         except Exception as e:  # noqa: BLE001 - any failure means the same thing here
             warnings.warn(f"the Triton decode kernels do not run on {device} ({type(e).__name__}: "
                           f"{str(e).strip()[:160]}); decoding without them, more slowly at batch 1",
