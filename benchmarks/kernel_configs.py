@@ -25,11 +25,10 @@ from toolkit.bench import STEPS_PER_S, decode_rate, random_model  # noqa: E402
 from toolkit.precision import quantize  # noqa: E402
 
 CALLS = 20  # ChatTTS's layers
+GEMV = [dict(block_n=n, block_k=k, warps=w) for n, k, w in itertools.product((1, 2, 4, 8), (128, 256, 512), (2, 4, 8))]
 GRID = {
-    "linear": [dict(block_n=n, block_k=k, warps=w) for n, k, w in itertools.product((1, 2, 4, 8), (128, 256, 512),
-                                                                                    (2, 4, 8))],
-    "gate": [dict(block_n=n, block_k=k, warps=w) for n, k, w in itertools.product((1, 2, 4, 8), (128, 256, 512),
-                                                                                  (2, 4, 8))],
+    "linear": GEMV,
+    "gate": GEMV,
     "qkv": [dict(pairs=p, block_k=k, warps=w) for p, k, w in itertools.product((1, 2, 4), (128, 256, 512), (2, 4, 8))],
     "attention": [dict(block_s=s, warps=w) for s, w in itertools.product((16, 32, 64, 128), (1, 2, 4))],
 }
@@ -50,8 +49,7 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     dev = torch.device("cuda")
     base = random_model("chattts", dev)
-    model = copy.deepcopy(base)
-    quantize(model, "bf16", device=dev)
+    model = _bf16(base, dev)
     gpt = model.gpt
     gpt.setup_caches(1, a.cache)
     gpt.key_valid.fill_(True)

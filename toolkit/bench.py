@@ -117,8 +117,9 @@ def utterance_timing(model: TTSModel, steps: int, dev: torch.device, *, prompt: 
 def bench_precision(base: TTSModel, name: str, cfg: BenchConfig, dev: torch.device) -> dict:
     model = copy.deepcopy(base)
     quantize(model, name, device=dev)
+    probe = Engine(model.gpt)  # decode_rate's engines decide the same way (kernels=None)
     row: dict = {"weight_bytes": state_bytes(model), "steps_per_s": {}, "audio_s_per_s": {}, "peak_mem_bytes": {},
-                 "triton_kernel_batches": [B for B in cfg.batches if Engine(model.gpt).uses_kernels(B, dev)]}
+                 "triton_kernel_batches": [B for B in cfg.batches if probe.uses_kernels(B, dev)]}
     for B in cfg.batches:
         if dev.type == "cuda":
             torch.cuda.reset_peak_memory_stats(dev)

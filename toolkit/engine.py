@@ -221,12 +221,16 @@ class Engine:
             self._decode_step(self.gpt, s, p, self.chunk)
 
     def uses_kernels(self, batch: int, device: torch.device) -> bool:
-        """Whether a decode step of `batch` rows on `device` runs through toolkit/kernels.py."""
+        """Whether a decode step of `batch` rows on `device` runs through toolkit/kernels.py. The first call that
+        may use them imports Triton and checks the weights (and, chosen automatically, a trial launch); later calls
+        reuse the answer, since this runs on every step without graphs."""
         if batch > KERNELS_MAX_BATCH or self.kernels is False or (self.kernels is None and device.type != "cuda"):
             return False
         if device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
             raise RuntimeError(f"Engine(kernels=True) on {device} runs Triton's interpreter: set TRITON_INTERPRET=1 "
                                "before toolkit.kernels is first imported, or use kernels=None (CUDA only)")
+        if self._kernel_step is not None:
+            return True
         try:
             from . import kernels
         except ImportError as e:
@@ -239,14 +243,14 @@ class Engine:
                 raise ValueError("Engine(kernels=True): the Triton step reads float or int8 weight-only weights (not "
                                  "this recipe's) and needs a power-of-two head size of at least 16; use kernels=None")
             self.kernels = False
-        elif self._kernel_step is None:
-            if self.kernels is None and not self._kernels_launch(kernels, device):
-                self.kernels = False
-            else:
-                # only the sampler compiled: compiling the whole step around the kernels was no faster on the H200
-                # (1569 against 1622 steps/s at batch 1, results/engine_variants_kernels_h200.json), 4x the compile
-                self._kernel_step = functools.partial(decode_step, forward=kernels.decode_forward, sample=self._sample)
-        return self.kernels is not False
+            return False
+        if self.kernels is None and not self._kernels_launch(kernels, device):
+            self.kernels = False
+            return False
+        # only the sampler compiled: compiling the whole step around the kernels was no faster on the H200
+        # (1569 against 1622 steps/s at batch 1, results/engine_variants_kernels_h200.json), 4x the compile
+        self._kernel_step = functools.partial(decode_step, forward=kernels.decode_forward, sample=self._sample)
+        return True
 
     def _kernels_launch(self, kernels, device: torch.device) -> bool:
         """Chosen automatically, the kernels first run one small matmul: on a GPU or toolchain that Triton cannot
