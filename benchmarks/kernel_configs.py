@@ -25,11 +25,12 @@ from toolkit.bench import STEPS_PER_S, decode_rate, random_model  # noqa: E402
 from toolkit.precision import quantize  # noqa: E402
 
 CALLS = 20  # ChatTTS's layers
-GEMV = [dict(block_n=n, block_k=k, warps=w) for n, k, w in itertools.product((1, 2, 4, 8), (128, 256, 512), (2, 4, 8))]
+# block_k 1024 holds a whole 768-wide row: with PDL it is all loaded before the wait
+GEMV = [dict(block_n=n, block_k=k, warps=w) for n, k, w in itertools.product((1, 2, 4, 8), (256, 512, 1024), (2, 4, 8))]
 GRID = {
     "linear": GEMV,
     "gate": GEMV,
-    "qkv": [dict(pairs=p, block_k=k, warps=w) for p, k, w in itertools.product((1, 2, 4), (128, 256, 512), (2, 4, 8))],
+    "qkv": [dict(pairs=p, block_k=k, warps=w) for p, k, w in itertools.product((1, 2, 4), (256, 512, 1024), (2, 4, 8))],
     "attention": [dict(block_s=s, warps=w) for s, w in itertools.product((16, 32, 64, 128), (1, 2, 4))],
 }
 
@@ -79,6 +80,7 @@ def main(argv=None) -> int:
                             lambda i: h + L[i].feed_forward.w2(u)),
     }
     rows, chosen = [], {}
+    sweep_pdl = kernels._pdl(dev)["PDL"]  # the sweep runs with the shipped launch option
     default = copy.deepcopy(kernels.CONFIGS)
     for name, (kind, triton_call, torch_call) in cases.items():
         rows.append(dict(case=name, impl="pytorch (eager ops in the graph)", us=round(us_per_call(torch_call), 2)))
@@ -104,22 +106,29 @@ def main(argv=None) -> int:
         pick = next(r["us"] for r in mine[1:] if r["config"] == chosen[kind])
         print(f"{name:26} {torch_us:10.2f} {pick:19.2f} {min(r['us'] for r in mine[1:]):9.2f}  {chosen[kind]}")
     steps = []
+
+    def save():  # after the sweep and after each decode timing, so a call cut short keeps what it measured
+        out = dict(command="python3 " + " ".join(sys.argv), device=torch.cuda.get_device_name(dev),
+                   torch=torch.__version__, triton=__import__("triton").__version__, calls_per_graph=CALLS,
+                   cache=a.cache, sweep_pdl=sweep_pdl, chosen=chosen, rows=rows, decode_steps=steps)
+        a.out.parent.mkdir(parents=True, exist_ok=True)
+        a.out.write_text(json.dumps(out, indent=1) + "\n")
+
+    save()
     if a.apply:
         kernels.CONFIGS.update(chosen)
         del gpt, model
         for B in map(int, a.batches.split(",")):
-            for variant, opts in (("step (no kernels)", dict(compile=True, kernels=False)),
-                                  ("kernels", dict(compile=True, kernels=True))):
+            for variant, opts, pdl in (("step (no kernels)", dict(compile=True, kernels=False), False),
+                                       ("kernels without PDL", dict(compile=True, kernels=True), False),
+                                       ("kernels", dict(compile=True, kernels=True), True)):
+                kernels.CONFIGS["launch"] = dict(pdl=pdl)
                 torch._dynamo.reset()
                 sps = decode_rate(_bf16(base, dev), B, 470, dev, **opts)
                 steps.append(dict(variant=variant, batch=B, steps_per_s=round(sps, 1),
                                   audio_s_per_s=round(sps * B / STEPS_PER_S, 1)))
                 print(json.dumps(steps[-1]), flush=True)
-    out = dict(command="python3 " + " ".join(sys.argv), device=torch.cuda.get_device_name(dev),
-               torch=torch.__version__, triton=__import__("triton").__version__, calls_per_graph=CALLS,
-               cache=a.cache, chosen=chosen, rows=rows, decode_steps=steps)
-    a.out.parent.mkdir(parents=True, exist_ok=True)
-    a.out.write_text(json.dumps(out, indent=1) + "\n")
+                save()
     return 0
 
 

@@ -26,16 +26,24 @@ def fewer_programs_under_the_interpreter(monkeypatch):
     """The interpreter runs programs one after another: bigger blocks keep it fast (the kernels take any setting;
     on CUDA the shipped ones run). Attention keeps small blocks, so that several are combined."""
     if DEVICE.type == "cpu":
-        monkeypatch.setattr(kernels, "CONFIGS", {"linear": dict(block_n=16, block_k=64, warps=1),
-                                                 "gate": dict(block_n=16, block_k=64, warps=1),
-                                                 "qkv": dict(pairs=8, block_k=64, warps=1),
-                                                 "attention": dict(block_s=8, warps=1)})
+        monkeypatch.setattr(kernels, "CONFIGS", dict(kernels.CONFIGS, linear=dict(block_n=16, block_k=64, warps=1),
+                                                      gate=dict(block_n=16, block_k=64, warps=1),
+                                                      qkv=dict(pairs=8, block_k=64, warps=1),
+                                                      attention=dict(block_s=8, warps=1)))
 
 
 def odd_widths_gpt() -> GPT:
     """Widths that no block size divides (48 = 3 heads of 16, FFN 80), like the shipped voice's FFN of 640."""
     torch.manual_seed(0)
     cfg = GPTConfig(hidden=48, layers=2, heads=3, intermediate=80, max_positions=256, num_text_tokens=32)
+    return GPT(cfg).to(DEVICE).eval().requires_grad_(False)
+
+
+def small_vocab_gpt() -> GPT:
+    """100 codes per codebook instead of 626: the sampler sorts a 128-wide row, which the interpreter can afford."""
+    torch.manual_seed(0)
+    cfg = GPTConfig(hidden=64, layers=2, heads=4, intermediate=128, max_positions=256, num_text_tokens=32,
+                    num_audio_tokens=100)
     return GPT(cfg).to(DEVICE).eval().requires_grad_(False)
 
 
@@ -71,14 +79,58 @@ def test_decode_forward_matches_the_pytorch_forward_and_writes_the_same_cache(dt
 
 def test_engine_with_kernels_samples_the_same_codes(monkeypatch):
     monkeypatch.setattr(engine_module, "CACHE_BUCKET", 8)  # the cache grows mid-generation (CPU: 32 -> 48 slots)
-    model = random_model("tiny", DEVICE)
-    emb, valid = _prompt(model, 2, 12, DEVICE)
+    gpt = small_vocab_gpt()
+    emb = torch.randn(2, 12, gpt.cfg.hidden, generator=torch.Generator().manual_seed(0)).to(DEVICE) * 0.1
+    valid = torch.ones(2, 12, dtype=torch.bool, device=DEVICE)
     valid[1, :3] = False
     p = SamplingParams(max_new_tokens=30, min_new_tokens=30)
-    want = Engine(model.gpt, kernels=False).generate(emb, valid, p, seed=3)
-    got = Engine(model.gpt, kernels=True).generate(emb, valid, p, seed=3)
+    want = Engine(gpt, kernels=False).generate(emb, valid, p, seed=3)
+    got = Engine(gpt, kernels=True).generate(emb, valid, p, seed=3)
     assert torch.equal(got.codes, want.codes)
     torch.testing.assert_close(got.hidden, want.hidden, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("params", [SamplingParams(), SamplingParams(top_p=1.0, repetition_penalty=1.0, top_k=5),
+                                    SamplingParams(temperature=(0.3, 0.7, 1.0, 0.5), top_p=0.3, min_keep=2)])
+def test_fused_sampling_step_does_what_the_pytorch_step_does(params):
+    """One launch samples, keeps the books and embeds the codes: every buffer of the state ends as the PyTorch
+    step leaves it, over steps where EOS is first barred (min_new) and then taken."""
+    gpt = small_vocab_gpt()
+    Q, V, eos = gpt.cfg.num_vq, gpt.cfg.num_audio_tokens, gpt.cfg.eos_code
+    eos_rows = torch.arange(Q) * V + eos
+    with torch.no_grad():  # every codebook's EOS logit is 50 * h[:, 0]: row 1 wants EOS, row 0 never
+        gpt.head_code.weight[eos_rows] = 0
+        gpt.head_code.weight[eos_rows, 0] = 50.0
+    B, chunk = 2, 4
+    gpt.setup_caches(B, 32)
+    gpt.key_valid.fill_(True)
+    states = []
+    for _ in range(2):
+        s = engine_module.DecodeState(B, gpt.cfg.hidden, Q, V, params.penalty_window, chunk, torch.float32, DEVICE)
+        g = torch.Generator().manual_seed(5)
+        s.h.copy_(torch.randn(B, gpt.cfg.hidden, generator=g))
+        s.noise.copy_(torch.empty(s.noise.shape).exponential_(generator=g))
+        s.temperature.copy_(torch.tensor(params.temperature).reshape(1, -1).expand(B, Q).reshape(-1))
+        s.history[:, :5] = torch.randint(0, V, (s.history.shape[0], 5), generator=g)
+        s.prompt_len.fill_(6)
+        s.rope_base.copy_(torch.tensor([[6], [3]]))
+        s.min_new.fill_(2)
+        states.append(s)
+    want, got = states
+    for step in range(4):
+        for s in states:
+            s.h[:, 0] = torch.tensor([-3.0, 3.0])
+        cache = [(l.attention.kv_cache.k.clone(), l.attention.kv_cache.v.clone()) for l in gpt.layers]
+        engine_module.decode_step(gpt, want, params, chunk)
+        for layer, (k, v) in zip(gpt.layers, cache):  # the same cache for both
+            layer.attention.kv_cache.k.copy_(k)
+            layer.attention.kv_cache.v.copy_(v)
+        kernels.decode_step(gpt, got, params, chunk)
+        for name, value in vars(want).items():
+            torch.testing.assert_close(getattr(got, name), value, atol=1e-5, rtol=0, msg=f"{name} at step {step}")
+    # row 1 drew EOS as soon as min_new allowed it (step 2), and stays finished; row 0 never drew it
+    assert want.finished.tolist() == [False, True] and want.lengths.tolist() == [4, 2]
+    assert want.codes[1, 2].eq(eos).all() and not want.codes[1, :2].eq(eos).any() and not want.codes[0].eq(eos).any()
 
 
 def test_int8_weight_only_step_matches_torchao_forward():
@@ -99,10 +151,10 @@ def test_int8_weight_only_step_matches_torchao_forward():
 
 def test_kernels_refuse_other_quantized_weights_by_name():
     pytest.importorskip("torchao")
-    model = random_model("tiny", torch.device("cpu"))
-    quantize(model, "w8a8")  # int8 activations too: not what the kernels compute
+    model = random_model("tiny", DEVICE)
+    quantize(model, "w8a8", device=DEVICE)  # int8 activations too: not what the kernels compute
     assert not kernels.supports(model.gpt)
-    emb, valid = _prompt(model, 1, 4, torch.device("cpu"))
+    emb, valid = _prompt(model, 1, 4, DEVICE)
     with pytest.raises(ValueError, match="float or int8 weight-only"):
         Engine(model.gpt, kernels=True).generate(emb, valid, SamplingParams(max_new_tokens=2))
     assert Engine(model.gpt).generate(emb, valid, SamplingParams(max_new_tokens=2)).codes.shape[1] == 2

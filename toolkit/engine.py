@@ -249,7 +249,7 @@ class Engine:
             return False
         # only the sampler compiled: compiling the whole step around the kernels was no faster on the H200
         # (1569 against 1622 steps/s at batch 1, results/engine_variants_kernels_h200.json), 4x the compile
-        self._kernel_step = functools.partial(decode_step, forward=kernels.decode_forward, sample=self._sample)
+        self._kernel_step = functools.partial(kernels.decode_step, sample=self._sample)
         return True
 
     def _kernels_launch(self, kernels, device: torch.device) -> bool:
