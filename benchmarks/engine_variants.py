@@ -32,6 +32,14 @@ VARIANTS = {  # name -> Engine arguments
 }
 
 
+def quantized_copy(base, dev, precision: str):
+    """A copy of base in a recipe; NAME@DTYPE runs the recipe's float parts in DTYPE (int8@bf16)."""
+    model = copy.deepcopy(base)
+    recipe, _, float_dtype = precision.partition("@")
+    quantize(model, recipe, device=dev, float_dtype=float_dtype or None)
+    return model
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--variants", default="block,step-dynamic,step")
@@ -48,9 +56,7 @@ def main(argv=None) -> int:
     base = random_model(a.dims, dev)
     rows, t_start = [], time.perf_counter()
     for precision in a.precisions.split(","):
-        model = copy.deepcopy(base)
-        recipe, _, float_dtype = precision.partition("@")
-        quantize(model, recipe, device=dev, float_dtype=float_dtype or None)
+        model = quantized_copy(base, dev, precision)
         for variant in a.variants.split(","):
             for B in map(int, a.batches.split(",")):
                 if time.perf_counter() - t_start > a.budget_s:

@@ -1,10 +1,12 @@
 """Launch settings for toolkit/kernels.py, and each kernel against what it replaces, at ChatTTS's dimensions (bf16,
 random weights, batch 1): microseconds per call, each timed as a CUDA graph of one call per layer (20, each on its
 own layer's weights and cache, as in a step, so weights stream from HBM rather than sit in L2), median of 6 replays
-(results/kernel_configs_h200.json: of 5, after one discarded). Prints the best setting per kernel and, with
---apply, times the decode step with them (engine_variants.py's measurement, same run).
+(results/kernel_configs_h200.json: of 5, after one discarded), with the shipped launch option (programmatic
+dependent launch on Hopper). Prints the best setting per kernel and, with --apply, times the decode step with them
+(engine_variants.py's measurement, same run): the compiled step without the kernels, the kernels without PDL, and
+the kernels.
 
-    python3 benchmarks/kernel_configs.py --out benchmarks/results/kernel_configs_h200.json [--apply]
+    python3 benchmarks/kernel_configs.py --out benchmarks/results/kernel_configs_fused_h200.json [--apply]
 """
 from __future__ import annotations
 
@@ -20,9 +22,9 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from attention_decode import time_call  # noqa: E402
+from engine_variants import quantized_copy  # noqa: E402
 from toolkit import kernels  # noqa: E402
 from toolkit.bench import STEPS_PER_S, decode_rate, random_model  # noqa: E402
-from toolkit.precision import quantize  # noqa: E402
 
 CALLS = 20  # ChatTTS's layers
 # block_k 1024 holds a whole 768-wide row: with PDL it is all loaded before the wait
@@ -46,18 +48,20 @@ def main(argv=None) -> int:
     ap.add_argument("--cache", type=int, default=1024, help="KV cache slots (the query sits at the last)")
     ap.add_argument("--apply", action="store_true", help="then time the decode step with the best settings")
     ap.add_argument("--batches", default="1,2", help="batches for --apply")
+    ap.add_argument("--precision", default="bf16", help="a recipe; int8@bf16 runs int8 weights on bf16 activations")
     ap.add_argument("--out", type=Path, required=True)
     a = ap.parse_args(argv)
     dev = torch.device("cuda")
     base = random_model("chattts", dev)
-    model = _bf16(base, dev)
+    model = quantized_copy(base, dev, a.precision)
     gpt = model.gpt
     gpt.setup_caches(1, a.cache)
     gpt.key_valid.fill_(True)
     L, D = gpt.layers, gpt.cfg.hidden
     torch.manual_seed(0)
-    h = torch.randn(1, D, device=dev, dtype=torch.bfloat16)
-    u = torch.randn(1, gpt.cfg.intermediate, device=dev, dtype=torch.bfloat16)
+    dtype = gpt.norm.weight.dtype  # the activations' dtype
+    h = torch.randn(1, D, device=dev, dtype=dtype)
+    u = torch.randn(1, gpt.cfg.intermediate, device=dev, dtype=dtype)
     slot, rope = torch.tensor([a.cache - 1], device=dev), torch.tensor([[a.cache - 1]], device=dev)
     q = kernels.qkv_rope(h, L[0], gpt.inv_freq, rope, slot)
     q4 = q[:, :, None]
@@ -110,7 +114,8 @@ def main(argv=None) -> int:
     def save():  # after the sweep and after each decode timing, so a call cut short keeps what it measured
         out = dict(command="python3 " + " ".join(sys.argv), device=torch.cuda.get_device_name(dev),
                    torch=torch.__version__, triton=__import__("triton").__version__, calls_per_graph=CALLS,
-                   cache=a.cache, sweep_pdl=sweep_pdl, chosen=chosen, rows=rows, decode_steps=steps)
+                   cache=a.cache, precision=a.precision, sweep_pdl=sweep_pdl, chosen=chosen, rows=rows,
+                   decode_steps=steps)
         a.out.parent.mkdir(parents=True, exist_ok=True)
         a.out.write_text(json.dumps(out, indent=1) + "\n")
 
@@ -124,18 +129,12 @@ def main(argv=None) -> int:
                                        ("kernels", dict(compile=True, kernels=True), True)):
                 kernels.CONFIGS["launch"] = dict(pdl=pdl)
                 torch._dynamo.reset()
-                sps = decode_rate(_bf16(base, dev), B, 470, dev, **opts)
+                sps = decode_rate(quantized_copy(base, dev, a.precision), B, 470, dev, **opts)
                 steps.append(dict(variant=variant, batch=B, steps_per_s=round(sps, 1),
                                   audio_s_per_s=round(sps * B / STEPS_PER_S, 1)))
                 print(json.dumps(steps[-1]), flush=True)
                 save()
     return 0
-
-
-def _bf16(base, dev):
-    model = copy.deepcopy(base)
-    quantize(model, "bf16", device=dev)
-    return model
 
 
 if __name__ == "__main__":

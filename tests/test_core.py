@@ -418,6 +418,20 @@ def test_top_k_first_sampler_keeps_what_a_full_sort_keeps():
         assert int(kept.min()) >= 3 and int(kept.max()) <= top_k
 
 
+def test_sampler_always_leaves_a_code_to_draw_while_eos_is_barred():
+    """EOS alone inside top-p, and barred by min_new_tokens: min_keep >= 2 keeps another code to draw."""
+    from toolkit.sampling import sample_codes
+
+    V, eos = 626, 625
+    logits = torch.full((4, V), -5.0)
+    logits[:, eos] = 30.0  # top-p keeps EOS alone, then min_keep tops it up
+    history, temperature, noise = torch.full((4, 16), V), torch.ones(4), torch.ones(4, V)
+    ids = sample_codes(logits, history, temperature, noise, torch.tensor(0), torch.tensor(5), SamplingParams(), eos)
+    assert ids.ne(eos).all() and ids.lt(V).all()
+    with pytest.raises(ValueError, match="min_keep must be >= 2"):
+        SamplingParams(min_keep=1)
+
+
 def test_prefill_padded_to_its_bucket_samples_the_same_codes(tiny_synth):
     """prefill_graphs pads each prompt on the left to a PREFILL_BUCKET multiple (so that a few captured graphs serve
     every prompt length on CUDA); the padding is masked, so generation is unchanged, for a batch of unequal prompts

@@ -173,7 +173,7 @@ def test_kernels_chosen_automatically_fall_back_with_a_warning_where_they_cannot
         assert not engine.uses_kernels(1, torch.device("cuda"))
     assert engine.kernels is False
     emb, valid = _prompt(model, 1, 4, torch.device("cpu"))
-    assert Engine(model.gpt, kernels=True).uses_kernels(1, torch.device("cpu"))  # asked for: no trial, no fallback
+    assert Engine(model.gpt, kernels=True).uses_kernels(1, DEVICE)  # asked for: no trial, no fallback
     assert engine.generate(emb, valid, SamplingParams(max_new_tokens=3, min_new_tokens=3)).codes.shape[1] == 3
 
 

@@ -10,8 +10,9 @@ With `compile=True` the whole step (sampler, 20 blocks, bookkeeping) is one torc
 each batch size and cache bucket, and captured as a CUDA graph. Compiling costs seconds per new (batch, bucket):
 warm up first. benchmarks/engine_variants.py measures it against the cheaper regional compile ("block") on the GPU:
 1.1x at batch 1 and 64; at batch 1 the step is bound by the latency of its ~227 small kernels (benchmarks/README.md).
-At batch <= KERNELS_MAX_BATCH on CUDA the layers run through the Triton kernels of toolkit/kernels.py instead (six
-launches per layer, only the sampler compiled): 1.35x the compiled step at batch 1 on the H200.
+At batch <= KERNELS_MAX_BATCH on CUDA the step runs through the Triton kernels of toolkit/kernels.py instead (five
+launches per layer and one for sampling and bookkeeping, nothing compiled): 1.95x the compiled step at batch 1 on
+the H200 (benchmarks/results/kernel_configs_fused_h200.json).
 
 On CUDA (or with `prefill_graphs=True` anywhere) the prompt is left-padded to a multiple of PREFILL_BUCKET (padding
 is masked like a batch's own). That bounds the prompt shapes a long-running server sees: cuDNN's attention keeps a
@@ -247,8 +248,9 @@ class Engine:
         if self.kernels is None and not self._kernels_launch(kernels, device):
             self.kernels = False
             return False
-        # only the sampler compiled: compiling the whole step around the kernels was no faster on the H200
-        # (1569 against 1622 steps/s at batch 1, results/engine_variants_kernels_h200.json), 4x the compile
+        # not compiled: the kernels fuse more than the compiler did around them (on the H200 a whole-step compile
+        # around the first kernels was no faster, results/engine_variants_kernels_h200.json). self._sample (compiled
+        # where asked) serves the sampling settings the fused sampling launch does not cover
         self._kernel_step = functools.partial(kernels.decode_step, sample=self._sample)
         return True
 

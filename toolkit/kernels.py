@@ -1,10 +1,14 @@
-"""Triton kernels for the small-batch GPT decode step: six launches per layer instead of about eleven.
+"""Triton kernels for the small-batch GPT decode step: about 104 launches per step instead of about 227.
 
-At batch 1 a step is bound by the latency of its many small kernels, not by bytes (on the H200: 706 us and 227
-kernels per step, benchmarks/README.md). Here each matmul takes in the work around it:
+At batch 1 a step is bound by the latency of its many small kernels, not by bytes (benchmarks/README.md). Here
+each matmul takes in the work around it, five launches per layer:
 
-    RMSNorm + QKV + RoPE + KV-cache write | attention over the cache (split, then combined) | o-proj + residual
-    | RMSNorm + gate/up + SiLU gate | down-proj + residual
+    RMSNorm + QKV + RoPE + KV-cache write | attention over the cache (flash-decoding: blocks of slots, combined by
+    the last block to finish) | o-proj + residual | RMSNorm + gate/up + SiLU gate | down-proj + residual
+
+and one launch does everything between the code heads and the first layer (sampling, the step's bookkeeping, the
+next input's embedding). On Hopper and later each kernel is a programmatic dependent launch: it starts while the
+one before finishes, loads its weights, and waits (gdc_wait) only before it reads that kernel's output.
 
 Every program reads whole weight rows for one batch row, so the weights are read once per row (L2 serves the
 rows after the first): this path is for small batches (`Engine(kernels=...)` picks it). Accumulation is fp32 and
@@ -89,6 +93,16 @@ def _gemv(x_row, g_ptr, w_ptr, s_ptr, z_ptr, rows, rows2, K, eps, NORM: tl.const
     w2 = w
     if TWO:
         w2 = tl.load(w_ptr + rows2[:, None] * K + ks[None, :], mask=(ks < K)[None, :], other=0)
+    scale = 1.0
+    zero = 0.0
+    scale2 = 1.0
+    zero2 = 0.0
+    if QUANT:  # loaded with the first tiles, not after the loop: no memory round trip at the end
+        scale = tl.load(s_ptr + rows).to(tl.float32)
+        zero = tl.load(z_ptr + rows).to(tl.float32)
+        if TWO:
+            scale2 = tl.load(s_ptr + rows2).to(tl.float32)
+            zero2 = tl.load(z_ptr + rows2).to(tl.float32)
     if PDL:
         gdc_wait()
         gdc_launch_dependents()
@@ -116,8 +130,8 @@ def _gemv(x_row, g_ptr, w_ptr, s_ptr, z_ptr, rows, rows2, K, eps, NORM: tl.const
     y2 = tl.sum(acc2, 1)
     if QUANT:
         total = tl.sum(xsum, 0)
-        y = (y - tl.load(z_ptr + rows).to(tl.float32) * total) * tl.load(s_ptr + rows).to(tl.float32)
-        y2 = (y2 - tl.load(z_ptr + rows2).to(tl.float32) * total) * tl.load(s_ptr + rows2).to(tl.float32)
+        y = (y - zero * total) * scale
+        y2 = (y2 - zero2 * total) * scale2
     return y, y2
 
 
@@ -250,56 +264,60 @@ def _rmsnorm_kernel(x_ptr, g_ptr, out_ptr, K, eps, PDL: tl.constexpr, BLOCK_K: t
 def _sample_feed_kernel(logits_ptr, hist_ptr, temp_ptr, noise_ptr, step_ptr, min_new_ptr, emb_ptr, h_ptr,
                         hidden_ptr, codes_ptr, finished_ptr, lengths_ptr, x_ptr, prompt_len_ptr, rope_base_ptr,
                         slot_ptr, rope_ptr, counts_ptr, V, W, D, H, CHUNK, EOS, top_k, top_p, min_keep, log2_penalty,
-                        Q: tl.constexpr, PENALTY: tl.constexpr, TOP_P: tl.constexpr, BLOCK_V: tl.constexpr,
-                        BLOCK_W: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_H: tl.constexpr):
-    """Everything of a decode step between the code heads and the first layer, for batch row b, as
-    engine.decode_step and sampling.sample_codes do it: for each codebook, temperature, repetition penalty over the
-    history window, top-p inside top-k (the k best sorted), EOS barred before min_new, the draw argmax(p / noise);
-    then the history, codes, hidden, finished and lengths bookkeeping, the next input (the Q code embeddings summed),
-    the cache slot and RoPE positions, and zeroed attention counts for the layers."""
+                        Q: tl.constexpr, PENALTY: tl.constexpr, TOP_P: tl.constexpr, BLOCK_Q: tl.constexpr,
+                        BLOCK_V: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_H: tl.constexpr):
+    """Everything of a decode step between the code heads and the first layer, for batch row b (its Q codebooks
+    as the rows of one tile), as engine.decode_step and sampling.sample_codes do it: temperature, repetition
+    penalty over the history window, top-p inside top-k, EOS barred before min_new, the draw argmax(p / noise);
+    then the history, codes, hidden, finished and lengths bookkeeping, the next input (the Q code embeddings
+    summed), the cache slot and RoPE positions, and zeroed attention counts for the layers.
+    The k best are taken one per iteration (max with its index), k being small (ChatTTS: 20 of 626)."""
     b = tl.program_id(0)
     step = tl.load(step_ptr)
     j = step % CHUNK
+    q = tl.arange(0, BLOCK_Q)
+    n = b * Q + q  # (BLOCK_Q,) rows of the (B * Q, V) logits
     v = tl.arange(0, BLOCK_V)
-    inside = v < V
-    dd = tl.arange(0, BLOCK_D)
-    dt: tl.constexpr = x_ptr.dtype.element_ty
-    emb_sum = tl.zeros((BLOCK_D,), tl.float32)
-    hit_eos = False
-    for q in tl.static_range(Q):
-        n = b * Q + q
-        x = tl.load(logits_ptr + n * V + v, mask=inside, other=float("-inf")).to(tl.float32) / tl.load(temp_ptr + n)
-        if PENALTY:
-            w = tl.arange(0, BLOCK_W)
-            hist = tl.load(hist_ptr + n * W + w, mask=w < W, other=V)  # V: an empty slot of the window
-            seen = tl.sum((hist[:, None] == v[None, :]).to(tl.float32), 0)
-            alpha = tl.exp2(seen * log2_penalty)
-            x = tl.where(x < 0, x * alpha, x / alpha)
-        top = tl.max(x, 0)
-        desc = tl.sort(x, descending=True)
-        rank = tl.arange(0, BLOCK_V)
-        kept = top_k
+    live = (q < Q)[:, None] & (v < V)[None, :]
+    at = n[:, None] * V + v[None, :]
+    x = tl.load(logits_ptr + at, mask=live, other=float("-inf")).to(tl.float32)
+    x = x / tl.load(temp_ptr + n, mask=q < Q, other=1.0)[:, None]
+    if PENALTY:
+        seen = tl.zeros((BLOCK_Q, BLOCK_V), tl.float32)
+        for w in range(0, W):  # V marks an empty slot of the window
+            seen += (tl.load(hist_ptr + n * W + w, mask=q < Q, other=V)[:, None] == v[None, :]).to(tl.float32)
+        alpha = tl.exp2(seen * log2_penalty)
+        x = tl.where(x < 0, x * alpha, x / alpha)
+    top = tl.max(x, 1)
+    if TOP_P:
+        lse = top + tl.log(tl.sum(tl.exp(x - top[:, None]), 1))
+    rest = x
+    cut = top
+    above = tl.zeros((BLOCK_Q,), tl.float32)  # probability of the better-ranked tokens
+    for i in range(0, top_k):  # the i-th best (ties one by one, as topk lists them); cut = the last one kept
+        best, where = tl.max(rest, 1, return_indices=True, return_indices_tie_break_left=True)
+        rest = tl.where(v[None, :] == where[:, None], float("-inf"), rest)
         if TOP_P:
-            lse = top + tl.log(tl.sum(tl.exp(x - top), 0))
-            probs = tl.where(rank < top_k, tl.exp(desc - lse), 0.0)
-            above = tl.cumsum(probs, 0) - probs  # probability of the better-ranked tokens
-            kept = tl.maximum(tl.sum(((above < top_p) & (rank < top_k)).to(tl.int32), 0), tl.minimum(min_keep, top_k))
-        cut = tl.sum(tl.where(rank == kept - 1, desc, 0.0), 0)  # the kept-th best logit
-        x = tl.where(x < cut, float("-inf"), x)
-        x = tl.where((v == EOS) & (step < tl.load(min_new_ptr)), float("-inf"), x)
-        e = tl.exp(x - tl.max(x, 0))
-        noise = tl.load(noise_ptr + (j * tl.num_programs(0) * Q + n) * V + v, mask=inside, other=1.0)
-        code = tl.argmax(e / tl.sum(e, 0) / noise, 0)
-        tl.store(hist_ptr + n * W + step % W, code.to(hist_ptr.dtype.element_ty))
-        tl.store(codes_ptr + (b * CHUNK + j) * Q + q, code.to(codes_ptr.dtype.element_ty))
-        hit_eos = hit_eos | (code == EOS)
-        emb_sum += tl.load(emb_ptr + (q * V + code) * D + dd, mask=dd < D, other=0.0).to(tl.float32)
-    finished = (tl.load(finished_ptr + b) != 0) | hit_eos
+            cut = tl.where((above < top_p) | (i < min_keep), best, cut)
+            above += tl.exp(best - lse)
+        else:
+            cut = best
+    x = tl.where(x < cut[:, None], float("-inf"), x)
+    x = tl.where((v[None, :] == EOS) & (step < tl.load(min_new_ptr)), float("-inf"), x)
+    e = tl.exp(x - tl.max(x, 1)[:, None])
+    noise = tl.load(noise_ptr + j * tl.num_programs(0) * Q * V + at, mask=live, other=1.0)
+    code = tl.argmax(e / tl.sum(e, 1)[:, None] / noise, 1)  # (BLOCK_Q,)
+    tl.store(hist_ptr + n * W + step % W, code.to(hist_ptr.dtype.element_ty), mask=q < Q)
+    tl.store(codes_ptr + (b * CHUNK + j) * Q + q, code.to(codes_ptr.dtype.element_ty), mask=q < Q)
+    hit_eos = tl.max(((code == EOS) & (q < Q)).to(tl.int32), 0)
+    finished = (tl.load(finished_ptr + b) != 0) | (hit_eos != 0)
     tl.store(finished_ptr + b, finished.to(finished_ptr.dtype.element_ty))
     tl.store(lengths_ptr + b, tl.load(lengths_ptr + b) + (1 - finished.to(tl.int64)))
-    row = tl.load(h_ptr + b * D + dd, mask=dd < D)
-    tl.store(hidden_ptr + (b * CHUNK + j) * D + dd, row, mask=dd < D)
-    tl.store(x_ptr + b * D + dd, emb_sum.to(dt), mask=dd < D)
+    d = tl.arange(0, BLOCK_D)
+    rows = tl.load(emb_ptr + (q * V + code)[:, None] * D + d[None, :], mask=(q < Q)[:, None] & (d < D)[None, :],
+                   other=0.0)
+    tl.store(x_ptr + b * D + d, tl.sum(rows.to(tl.float32), 0).to(x_ptr.dtype.element_ty), mask=d < D)
+    tl.store(hidden_ptr + (b * CHUNK + j) * D + d, tl.load(h_ptr + b * D + d, mask=d < D), mask=d < D)
     tl.store(rope_ptr + b, tl.load(rope_base_ptr + b) + step)
     if b == 0:
         tl.store(slot_ptr, tl.load(prompt_len_ptr) + step)
@@ -319,6 +337,7 @@ CONFIGS = {
     "gate": dict(block_n=8, block_k=512, warps=4),  # gate/up with SiLU
     "qkv": dict(pairs=2, block_k=1024, warps=2),
     "attention": dict(block_s=16, warps=1),
+    "sample": dict(warps=4),
     "launch": dict(pdl=True),  # programmatic dependent launch, where the GPU has it (Hopper on)
 }
 
@@ -432,12 +451,12 @@ def decode_step(gpt: GPT, s: DecodeState, p: SamplingParams, chunk: int, sample=
     slot, rope = torch.empty(1, dtype=torch.long, **z), torch.empty(B, 1, dtype=torch.long, **z)
     counts = torch.empty(B * H, dtype=torch.int32, **z)
     logits = gpt.head_code(s.h)  # (B, Q * V) in the model's dtype, read as float32 like GPT.code_logits
-    penalty = p.repetition_penalty
+    penalty, k = p.repetition_penalty, min(max(p.top_k, p.min_keep), V)
     _sample_feed_kernel[(B,)](
         logits, s.history, s.temperature, s.noise, s.step, s.min_new, gpt.emb_code.weight, s.h, s.hidden, s.codes,
         s.finished, s.lengths, x, s.prompt_len, s.rope_base, slot, rope, counts, V, W, D, H, chunk, cfg.eos_code,
-        min(max(p.top_k, p.min_keep), V), p.top_p, p.min_keep, math.log2(penalty), Q=Q, PENALTY=penalty != 1.0,
-        TOP_P=p.top_p < 1.0, BLOCK_V=triton.next_power_of_2(V), BLOCK_W=triton.next_power_of_2(W),
-        BLOCK_D=triton.next_power_of_2(D), BLOCK_H=triton.next_power_of_2(H), num_warps=4)
+        k, p.top_p, min(p.min_keep, k), math.log2(penalty), Q=Q, PENALTY=penalty != 1.0, TOP_P=p.top_p < 1.0,
+        BLOCK_Q=triton.next_power_of_2(Q), BLOCK_V=triton.next_power_of_2(V), BLOCK_D=triton.next_power_of_2(D),
+        BLOCK_H=triton.next_power_of_2(H), num_warps=CONFIGS["sample"]["warps"])
     decode_forward(gpt, x[:, None], slot, rope, counts=counts, out=s.h)
     s.step += 1

@@ -23,6 +23,9 @@ class SamplingParams:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
         if self.top_k < 1 or self.repetition_penalty <= 0 or self.max_new_tokens < 1:
             raise ValueError("top_k and max_new_tokens must be >= 1 and repetition_penalty > 0")
+        if self.min_keep < 2:  # with one kept, barring EOS before min_new_tokens could leave nothing to draw
+            raise ValueError(f"min_keep must be >= 2 (EOS may be barred from what top-p/top-k keep), got "
+                             f"{self.min_keep}")
 
     def temperatures(self, num_vq: int) -> list[float]:
         t = self.temperature
