@@ -142,9 +142,13 @@ def test_gpt_resumes_from_the_shipped_voice_on_a_codes_pack(tmp_path):
 
 @needs_espeak
 @pytest.mark.skipif(not (SHIPPED / "manifest.json").is_file(), reason="no shipped voice")
-def test_freeze_gpt_trains_the_decoder_alone_on_real_mels(tmp_path):
+@pytest.mark.parametrize("detail", [[], ["--decoder-stft", "1.0", "--log-every", "1"]], ids=["mel-l1", "stft"])
+def test_freeze_gpt_trains_the_decoder_alone_on_real_mels(tmp_path, detail):
     """corpus --keep-mels stores the real mels beside the codes, frame for frame; train --freeze-gpt then moves the
-    Decoder towards them and leaves the GPT and the speaker table exactly as they were."""
+    Decoder towards them and leaves the GPT and the speaker table exactly as they were. With --decoder-stft the
+    frozen vocoder scores the Decoder's mels too, and its loss is logged."""
+    import json
+
     import torch
 
     from toolkit.voice.corpus import build, load_pack
@@ -159,10 +163,14 @@ def test_freeze_gpt_trains_the_decoder_alone_on_real_mels(tmp_path):
     checkpoints_from_voice(SHIPPED, ENCODER, tmp_path / "ckpt")
     main(["--data", str(tmp_path / "corpus" / "pack"), "--resume", str(tmp_path / "ckpt"), "--stages", "gpt",
           "--out", str(tmp_path / "run"), "--gpt-steps", "2", "--gpt-batch", "4", "--device", "cpu",
-          "--save-every", "0", "--freeze-gpt"])
+          "--save-every", "0", "--freeze-gpt", *detail])
     before, after = load_state(tmp_path / "ckpt", "gpt")[0], load_state(tmp_path / "run", "gpt")[0]
     changed = {k for k in before if not torch.equal(before[k].float(), after[k].float())}
     assert changed and all(k.startswith("decoder.") for k in changed), sorted(changed)[:5]
+    logged = [r for r in map(json.loads, (tmp_path / "run" / "log_gpt.jsonl").read_text().splitlines())
+              if r.get("stage") == "gpt" and "ce" in r]
+    assert logged and all(("stft" in r) == bool(detail) for r in logged)
+    assert all(0 < r["stft"] < 10 for r in logged if "stft" in r)
 
 
 @pytest.fixture(scope="module")

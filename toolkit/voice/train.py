@@ -152,14 +152,32 @@ def stft_mag(x: Tensor, n_fft: int, hop: int) -> Tensor:
     return torch.stft(x, n_fft, hop, window=win, return_complex=True).abs().clamp(min=1e-5)
 
 
-def reconstruction_loss(logmel: LogMel, y: Tensor, x: Tensor) -> tuple[Tensor, Tensor]:
-    """-> (log-mel L1, multi-resolution STFT loss: spectral convergence + log-magnitude L1) of y against x (B, T)."""
-    loss_mel = F.l1_loss(logmel(y), logmel(x))
-    loss_stft = 0.0
+def stft_loss(y: Tensor, x: Tensor) -> Tensor:
+    """Multi-resolution STFT loss of y against x (B, T): spectral convergence + log-magnitude L1, mean of three."""
+    loss = 0.0
     for n_fft, hop in ((512, 128), (1024, 256), (2048, 512)):
         a, b = stft_mag(y, n_fft, hop), stft_mag(x, n_fft, hop)
-        loss_stft = loss_stft + (b - a).norm() / b.norm() + F.l1_loss(a.log(), b.log())
-    return loss_mel, loss_stft / 3
+        loss = loss + (b - a).norm() / b.norm() + F.l1_loss(a.log(), b.log())
+    return loss / 3
+
+
+def reconstruction_loss(logmel: LogMel, y: Tensor, x: Tensor) -> tuple[Tensor, Tensor]:
+    """-> (log-mel L1, multi-resolution STFT loss) of y against x (B, T)."""
+    return F.l1_loss(logmel(y), logmel(x)), stft_loss(y, x)
+
+
+def vocoded_stft_loss(vocos: Vocos, mel_pred: Tensor, mel: Tensor, fmask: Tensor, frames: int, g) -> Tensor:
+    """The Decoder's detail loss: a window of `frames` valid mel frames per utterance (those that have one), the
+    predicted and the real mel each through the frozen vocoder, compared with stft_loss. Mel L1 alone rewards the
+    average, which the vocoder renders dull; this scores what the vocoder makes of it. Zero if no row is long enough."""
+    rows = [r for r in range(len(mel)) if int(fmask[r].sum()) >= frames]
+    if not rows:
+        return mel_pred.new_zeros(())
+    offs = [int(g.integers(0, int(fmask[r].sum()) - frames + 1)) for r in rows]
+    pred = torch.stack([mel_pred[r, :, o: o + frames] for r, o in zip(rows, offs)]).float()
+    with torch.no_grad():
+        ref = vocos(torch.stack([mel[r, :, o: o + frames] for r, o in zip(rows, offs)]).float())
+    return stft_loss(vocos(pred), ref)
 
 
 def train_vocos(cfg: ModelConfig, data: Data, args, device, log, dec_mels: dict[int, Tensor] | None = None) -> None:
@@ -369,6 +387,7 @@ def encode_all(enc: DVAEEncoder, cfg: ModelConfig, data: Data, device, batch: in
 
 # --- stage 3: GPT + Decoder ---------------------------------------------------------------------
 GUIDED_LAYER, GUIDED_HEADS = 1, 2  # the layer and heads the guided-attention loss shapes (layer 2 of the voice)
+STFT_FRAMES = 64  # mel frames per utterance that --decoder-stft vocodes (0.68 s, the vocoder's training segment)
 
 
 def text_attention(attn, x: Tensor, cos: Tensor, sin: Tensor, text_len: Tensor, heads: int) -> Tensor:
@@ -512,6 +531,13 @@ def train_gpt(cfg: ModelConfig, data: Data, codes: list[Tensor], args, device, l
         spk_table.data.copy_(prev[0]["spk_table"].to(device))
         step0 = prev[1].get("step", 0)
     guided = GuidedAttention(gpt, layer=min(GUIDED_LAYER, cfg.gpt.layers - 1), heads=GUIDED_HEADS)
+    vocos = None
+    if args.decoder_stft > 0:  # the run's vocoder, frozen: it only scores the Decoder's mels
+        prev_v = load_state(args.resume, "vocos")
+        if prev_v is None:
+            raise SystemExit("--decoder-stft needs a trained vocoder in --resume (a vocos checkpoint)")
+        vocos = Vocos(cfg.vocos).to(device).eval().requires_grad_(False)
+        vocos.load_state_dict(prev_v[0])
     # --freeze-gpt: the Decoder alone learns, from the frozen GPT's states (e.g. real mels after a codes-pack run)
     params = list(decoder.parameters()) if args.freeze_gpt else list(gpt.parameters()) + list(decoder.parameters()) + [spk_table]
     decay = [p for p in params if p.dim() >= 2 and p is not spk_table]
@@ -555,6 +581,10 @@ def train_gpt(cfg: ModelConfig, data: Data, codes: list[Tensor], args, device, l
         l1 = ((mel_pred[..., :Fm].float() - mel[..., :Fm]).abs().mean(1) * fmask).sum() / fmask.sum()
         ga_w = args.guided * max(0.0, 1 - frac / 0.7) if fresh else args.guided * 0.2
         loss = args.mel_weight * l1 if args.freeze_gpt else ce + args.mel_weight * l1 + ga_w * ga
+        detail = torch.zeros((), device=device)
+        if vocos is not None:
+            detail = vocoded_stft_loss(vocos, mel_pred[..., :Fm], mel[..., :Fm], fmask, STFT_FRAMES, g)
+            loss = loss + args.decoder_stft * detail
         opt.zero_grad(set_to_none=True)
         if not torch.isfinite(loss):  # a bad batch must not poison the weights (run 2 of v1 died this way)
             log("gpt", step0 + step, skipped_nonfinite=1)
@@ -577,7 +607,7 @@ def train_gpt(cfg: ModelConfig, data: Data, codes: list[Tensor], args, device, l
             with torch.no_grad():
                 acc = (logits.argmax(-1) == tgt[sel]).float().mean().item()
             log("gpt", step0 + step, ce=ce.item(), mel_l1=l1.item(), ga=ga.item(), acc=acc, B=len(idx),
-                L=L, cap=cap, gn=float(gn))
+                L=L, cap=cap, gn=float(gn), **({"stft": detail.item()} if vocos is not None else {}))
         step += 1
     state = {**{f"gpt.{k}": v for k, v in gpt.state_dict().items()},
              **{f"decoder.{k}": v for k, v in decoder.state_dict().items()}, "spk_table": spk_table.data}
@@ -721,6 +751,9 @@ def main(argv=None):
     ap.add_argument("--save-every", type=float, default=2.0, help="minutes between GPT checkpoints (0: end only)")
     ap.add_argument("--restart-schedule", action="store_true",
                     help="on resume, run the GPT curriculum and guided-attention schedule as if fresh")
+    ap.add_argument("--decoder-stft", type=float, default=0.0,
+                    help="weight of the Decoder's detail loss: its mels and the real ones through the frozen vocoder "
+                         "of --resume, compared by multi-resolution STFT (0: mel L1 alone)")
     ap.add_argument("--freeze-gpt", action="store_true",
                     help="gpt stage: train only the Decoder, on the frozen GPT's states")
     ap.add_argument("--probe", action="store_true", help="free-running generation check at the end")
