@@ -57,3 +57,17 @@ def test_bench_keeps_what_it_measured_part_by_part():
     assert all(s["chattts"]["1"] for s in snapshots)
     assert [s["complete"] for s in snapshots] == [False, False, False, True]
     assert "incomplete" in markdown(snapshots[1]) and "incomplete" not in markdown(snapshots[-1])
+
+
+def test_kernels_option_reaches_the_engine_and_the_report(tiny_dir):
+    """--kernels auto|on|off: the bench records it (and says so in its table), ttsq synth hands it to the engine."""
+    from toolkit import Synthesizer
+    from toolkit.bench import BenchConfig, run_bench
+
+    args = cli.build_parser().parse_args(["bench", "--kernels", "off"])
+    assert cli.KERNELS[args.kernels] is False and cli.build_parser().parse_args(["bench"]).kernels == "auto"
+    rep = run_bench(BenchConfig(["fp32"], [1], steps=8, device="cpu", dims="tiny", repeats=1, kernels=False),
+                    progress=lambda m: None)
+    assert rep["kernels"] is False and rep["ttsq"]["fp32"]["triton_kernel_batches"] == []
+    assert "Triton kernels off" in markdown(rep)
+    assert Synthesizer(tiny_dir, "cpu", kernels=False).engine.kernels is False

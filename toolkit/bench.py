@@ -40,6 +40,7 @@ class BenchConfig:
     repeats: int = 3
     prompt: int = 32
     compile: bool = False  # torch.compile the block and sampler under the CUDA graphs
+    kernels: bool | None = None  # the Triton decode step at batch <= 2: None where it runs (CUDA), or forced on/off
     chattts_python: str | None = None
     chattts_timeout: int = 1800
 
@@ -75,11 +76,12 @@ def decode_rate(model: TTSModel, B: int, steps: int, dev: torch.device, *, promp
 
 
 def utterance_timing(model: TTSModel, steps: int, dev: torch.device, *, prompt: int = 32,
-                     repeats: int = 3, compile: bool = False, parts: dict | None = None) -> tuple[float, float]:
+                     repeats: int = 3, compile: bool = False, kernels: bool | None = None,
+                     parts: dict | None = None) -> tuple[float, float]:
     """(RTF of one whole utterance: GPT + Decoder + Vocos, time to first audio when streaming), medians.
     parts: filled with where first audio's time goes, medians too: the prefill plus one step, and
     one render of the states first audio needs (timed apart, each between syncs)."""
-    eng = Engine(model.gpt, compile=compile)
+    eng = Engine(model.gpt, compile=compile, kernels=kernels)
     emb, valid = _prompt(model, 1, prompt, dev)
     p = SamplingParams(max_new_tokens=steps, min_new_tokens=steps)
     first_audio_steps = StreamRenderer(model).first_audio_step
@@ -117,7 +119,7 @@ def utterance_timing(model: TTSModel, steps: int, dev: torch.device, *, prompt: 
 def bench_precision(base: TTSModel, name: str, cfg: BenchConfig, dev: torch.device) -> dict:
     model = copy.deepcopy(base)
     quantize(model, name, device=dev)
-    probe = Engine(model.gpt)  # decode_rate's engines decide the same way (kernels=None)
+    probe = Engine(model.gpt, kernels=cfg.kernels)  # decode_rate's engines decide the same way
     row: dict = {"weight_bytes": state_bytes(model), "steps_per_s": {}, "audio_s_per_s": {}, "peak_mem_bytes": {},
                  "triton_kernel_batches": [B for B in cfg.batches if probe.uses_kernels(B, dev)]}
     for B in cfg.batches:
@@ -125,7 +127,8 @@ def bench_precision(base: TTSModel, name: str, cfg: BenchConfig, dev: torch.devi
             torch.cuda.reset_peak_memory_stats(dev)
         t0 = time.perf_counter()
         try:  # a recipe may not take every batch (torchao's w8a8 needs more than 16 rows on CUDA)
-            sps = decode_rate(model, B, cfg.steps, dev, prompt=cfg.prompt, repeats=cfg.repeats, compile=cfg.compile)
+            sps = decode_rate(model, B, cfg.steps, dev, prompt=cfg.prompt, repeats=cfg.repeats, compile=cfg.compile,
+                              kernels=cfg.kernels)
         except Exception as e:  # noqa: BLE001 - recorded per batch; the other batches still run
             row.setdefault("errors", {})[str(B)] = f"{type(e).__name__}: {e}"[:300]
             continue
@@ -138,6 +141,7 @@ def bench_precision(base: TTSModel, name: str, cfg: BenchConfig, dev: torch.devi
         row["first_audio_parts"] = {}
         row["rtf"], row["time_to_first_audio_s"] = utterance_timing(model, cfg.steps, dev, prompt=cfg.prompt,
                                                                     repeats=cfg.repeats, compile=cfg.compile,
+                                                                    kernels=cfg.kernels,
                                                                     parts=row["first_audio_parts"])
     if not row["steps_per_s"]:
         raise RuntimeError("no batch size ran: " + "; ".join(row.get("errors", {}).values()))
@@ -217,7 +221,7 @@ def run_bench(cfg: BenchConfig, progress=print, on_update=None) -> dict:
         "device": str(dev), "hardware": torch.cuda.get_device_name(dev) if dev.type == "cuda"
         else f"{platform.machine()} CPU, {torch.get_num_threads()} threads",
         "torch": torch.__version__, "dims": cfg.dims, "steps": cfg.steps, "batches": cfg.batches,
-        "compile": cfg.compile, "ttsq": {}, "chattts": {}, "complete": False,
+        "compile": cfg.compile, "kernels": cfg.kernels, "ttsq": {}, "chattts": {}, "complete": False,
     }
     update = on_update or (lambda r: None)
     for B in cfg.batches:
@@ -247,6 +251,8 @@ def markdown(report: dict) -> str:
             + [f"audio s/s b{b}" for b in batches] + [f"x chattts b{b}" for b in batches]
             + [f"peak MiB b{b}" for b in batches])
     mode = "CUDA graphs + torch.compile" if report.get("compile") else "CUDA graphs (no torch.compile)"
+    if report.get("kernels") is not None:
+        mode += ", Triton kernels " + ("forced on" if report["kernels"] else "off")
     lines = [f"ttsq bench: {report['hardware']}, torch {report['torch']}, {report['dims']} dimensions, random weights, "
              f"{report['steps']} GPT steps, ttsq engine: {mode}, {report['created']}"
              + ("" if report.get("complete", True) else " (incomplete: the run has not finished, or was cut short)"),

@@ -28,6 +28,14 @@ def _progress_bar(desc: str):
     return update
 
 
+KERNELS = {"auto": None, "on": True, "off": False}  # --kernels -> Engine(kernels=...)
+
+
+def add_kernels_option(s) -> None:
+    s.add_argument("--kernels", choices=tuple(KERNELS), default="auto",
+                   help="the Triton decode step at batch <= 2: auto (on CUDA where it runs), on, or off")
+
+
 def cmd_synth(a) -> int:
     text = sys.stdin.read() if a.text == "-" else a.text
     out = Path(a.output)
@@ -38,7 +46,7 @@ def cmd_synth(a) -> int:
     from . import SamplingParams, Synthesizer
     from .audio import write_wav
 
-    synth = Synthesizer(a.model, a.device, a.precision, compile=a.compile)
+    synth = Synthesizer(a.model, a.device, a.precision, compile=a.compile, kernels=KERNELS[a.kernels])
     params = SamplingParams(temperature=a.temperature, top_p=a.top_p, top_k=a.top_k, max_new_tokens=a.max_steps)
     utt = synth.synthesize(text, speaker=a.speaker, seed=a.seed, params=params, batch_size=a.batch_size,
                            control_tokens=a.control_tokens, progress=_progress_bar("sentences"))[0]
@@ -144,7 +152,8 @@ def cmd_bench(a) -> int:
     if out.with_suffix(".json").exists() and not a.force:
         raise FileExistsError(f"{out.with_suffix('.json')} already exists; pass --force to replace it, or another --out")
     cfg = BenchConfig([p for p in a.precisions.split(",") if p], [int(b) for b in a.batches.split(",")], a.steps,
-                      a.device, a.dims, a.repeats, chattts_python=a.chattts_python, compile=a.compile)
+                      a.device, a.dims, a.repeats, chattts_python=a.chattts_python, compile=a.compile,
+                      kernels=KERNELS[a.kernels])
     out.parent.mkdir(parents=True, exist_ok=True)
     command = "ttsq bench " + " ".join(sys.argv[2:])
 
@@ -190,6 +199,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--compile", action="store_true",
                    help="torch.compile the decode step: faster per step on a GPU, after a compile of seconds "
                    "for each batch size and 256-step cache bucket it meets (worth it for long or many texts)")
+    add_kernels_option(s)
     s.add_argument("--force", action="store_true", help="overwrite an existing output file")
     s.set_defaults(func=cmd_synth)
 
@@ -235,6 +245,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "tests/fixtures/make_refenv.sh); without it the chattts side is skipped")
     s.add_argument("--compile", action="store_true", help="torch.compile ttsq's decode step under its CUDA graphs "
                    "(the fast GPU path; compile time is excluded from the timings)")
+    add_kernels_option(s)
     s.add_argument("--out", default="benchmarks/results/bench", help="writes OUT.json and OUT.md")
     s.add_argument("--force", action="store_true", help="replace existing results")
     s.set_defaults(func=cmd_bench)

@@ -87,10 +87,12 @@ def load_model(path: str | Path | None = None, device: torch.device | str = "cpu
 
 class Synthesizer:
     def __init__(self, model: str | Path | TTSModel | None = None, device: str | None = None,
-                 precision: str | None = None, *, warmup: bool = False, compile: bool = False, **recipe_options):
-        """compile: torch.compile the decode step (on an H200, about 2x the steps/s of CUDA graphs alone at batch 1;
-        costs a compile of seconds at the first request of each batch size and cache bucket, so pair it with
-        warmup)."""
+                 precision: str | None = None, *, warmup: bool = False, compile: bool = False,
+                 kernels: bool | None = None, **recipe_options):
+        """compile: torch.compile the decode step of batches the Triton kernels do not take (costs a compile of
+        seconds at the first request of each batch size and cache bucket, so pair it with warmup).
+        kernels: the Triton decode step (toolkit/kernels.py) at batch <= 2: None uses it on CUDA where it runs,
+        False turns it off, True insists on it (Engine's `kernels`)."""
         self.device = resolve_device(device)
         self.model = model if isinstance(model, TTSModel) else load_model(model, self.device)
         if self.model.tokenizer is None:
@@ -100,7 +102,7 @@ class Synthesizer:
             from .precision import quantize
             quantize(self.model, precision, device=self.device, **recipe_options)
         self.precision = precision or getattr(self.model, "precision", "fp32")
-        self.engine = Engine(self.model.gpt, compile=compile)
+        self.engine = Engine(self.model.gpt, compile=compile, kernels=kernels)
         self._fp32: dict[str, torch.nn.Module] = {}  # stages that overflowed in half precision
         if warmup:
             self.warmup()
