@@ -90,6 +90,34 @@ def test_smoke_training_writes_a_checkpoint_that_synthesizes(tmp_path):
 
 
 @needs_espeak
+def test_decoder_of_a_new_width_trains_from_scratch_and_exports(tmp_path):
+    """--decoder-hidden on a resumed run: the GPT and speaker table carry over, the Decoder starts anew at the new
+    width, and the export (and every later reader of the run) takes the width from the checkpoint."""
+    import json
+
+    import torch
+
+    from toolkit.synthesizer import Synthesizer, load_model
+    from toolkit.sampling import SamplingParams
+    from toolkit.voice.train import load_state, main
+
+    run = tmp_path / "run"
+    main(["--smoke", "--out", str(run)])
+    before = load_state(run, "gpt")[0]
+    main(["--smoke", "--data", str(run / "corpus" / "pack"), "--resume", str(run), "--out", str(run), "--stages",
+          "gpt", "--decoder-hidden", "96", "--gpt-steps", "2", "--freeze-gpt", "--export", str(tmp_path / "model")])
+    after = load_state(run, "gpt")[0]
+    assert after["decoder.conv_in.2.weight"].shape[0] == 96 != before["decoder.conv_in.2.weight"].shape[0]
+    assert all(torch.equal(before[k], after[k]) for k in before if not k.startswith("decoder."))
+    logged = [json.loads(line) for line in (run / "log_gpt.jsonl").read_text().splitlines()]
+    assert any(r.get("decoder_fresh") == 1 and r["decoder_hidden"] == 96 for r in logged)
+    model = load_model(tmp_path / "model")
+    assert model.cfg.decoder.hidden == 96
+    out = Synthesizer(model, device="cpu").synthesize(["Hi."], params=SamplingParams(max_new_tokens=8))
+    assert np.isfinite(out[0].wav).all() and out[0].wav.size > 0
+
+
+@needs_espeak
 @pytest.mark.skipif(not (SHIPPED / "manifest.json").is_file(), reason="no shipped voice")
 def test_shipped_voice_speaks_english_and_mandarin():
     from toolkit.sampling import SamplingParams

@@ -110,7 +110,8 @@ def _convstack_keys(state: dict, prefix: str, out: str, unused: tuple[str, ...] 
     return mapped
 
 
-def _convstack_config(state: dict, prefix: str, idim: int) -> ConvStackConfig:
+def convstack_config(state: dict, prefix: str, idim: int) -> ConvStackConfig:
+    """The ConvStack config whose shapes the state's `prefix` weights have (widths, layers, kernel)."""
     layers = len({k.split(".")[1] for k in state if k.startswith(prefix + "blocks.")})
     hidden, bn_dim, _ = state[prefix + "conv_in.2.weight"].shape
     odim = state[prefix + "conv_out.weight"].shape[0]
@@ -201,7 +202,7 @@ def load_official(root: Path) -> TTSModel:
             for t in ("weight", "bias"):
                 state[f"dvae.gfsq.project_out.{g}.{t}"] = dvae[f"vq_layer.quantizer.rvqs.{g}.project_out.{t}"]
         proj = state["dvae.gfsq.project_out.0.weight"]
-        dvae_cfg = _convstack_config({k[len("dvae.stack."):]: v for k, v in state.items()
+        dvae_cfg = convstack_config({k[len("dvae.stack."):]: v for k, v in state.items()
                                       if k.startswith("dvae.stack.")}, "", proj.shape[0])
         levels = tuple(int(x) for x in dvae.get("vq_layer.quantizer.rvqs.0.layers.0._levels", torch.tensor([5, 5, 5, 5])))
         if len(levels) != proj.shape[1]:
@@ -218,7 +219,7 @@ def load_official(root: Path) -> TTSModel:
             max_positions=hf.get("max_position_embeddings", 4096),
             num_text_tokens=state["gpt.emb_text.weight"].shape[0],
             num_audio_tokens=state["gpt.emb_code.weight"].shape[0] // n_vq, num_vq=n_vq),
-        decoder=_convstack_config({k[len("decoder."):]: v for k, v in state.items() if k.startswith("decoder.")}, "",
+        decoder=convstack_config({k[len("decoder."):]: v for k, v in state.items() if k.startswith("decoder.")}, "",
                                   D // 2),
         dvae=dvae_cfg, gfsq=gfsq_cfg,
         vocos=VocosConfig(n_mels=state["vocos.embed.weight"].shape[1], dim=state["vocos.embed.weight"].shape[0],

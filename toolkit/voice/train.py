@@ -16,6 +16,7 @@ With --parallel the vocoder trains in a second process next to dvae -> gpt (one 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import os
@@ -29,6 +30,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ..checkpoint import convstack_config
 from ..models.config import ConvStackConfig, GFSQConfig, GPTConfig, ModelConfig, VocosConfig
 from ..models.convnext import ConvNeXtBlock
 from ..models.decoder import ConvStack, DVAEDecoder
@@ -89,6 +91,17 @@ def load_state(folder: Path | None, name: str) -> tuple[dict[str, Tensor], dict]
 
 def sub_state(state: dict, prefix: str) -> dict:
     return {k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)}
+
+
+def run_decoder_config(cfg: ModelConfig, gpt_state: dict | None, hidden: int | None = None,
+                       layers: int | None = None) -> ModelConfig:
+    """cfg with the Decoder a run's gpt checkpoint holds (its weights' shapes say its size), then --decoder-hidden
+    and --decoder-layers over that: a Decoder of a new size is trained from scratch."""
+    dec = cfg.decoder
+    if gpt_state is not None and "decoder.conv_in.2.weight" in gpt_state:
+        dec = convstack_config(sub_state(gpt_state, "decoder."), "", dec.idim)
+    return dataclasses.replace(cfg, decoder=dataclasses.replace(dec, hidden=hidden or dec.hidden,
+                                                                layers=layers or dec.layers))
 
 
 # --- data ----------------------------------------------------------------------------------------
@@ -475,6 +488,7 @@ def load_gpt_decoder(cfg: ModelConfig, resume: Path, device) -> tuple[GPT, ConvS
     prev = load_state(resume, "gpt")
     if prev is None:
         raise SystemExit(f"{resume} has no gpt checkpoint (gpt.json); give --resume a run folder that has one")
+    cfg = run_decoder_config(cfg, prev[0])
     gpt, decoder = GPT(cfg.gpt).to(device).eval(), ConvStack(cfg.decoder).to(device).eval()
     gpt.load_state_dict(sub_state(prev[0], "gpt."))
     decoder.load_state_dict(sub_state(prev[0], "decoder."))
@@ -527,7 +541,12 @@ def train_gpt(cfg: ModelConfig, data: Data, codes: list[Tensor], args, device, l
     fresh = prev is None or args.restart_schedule
     if prev:
         gpt.load_state_dict(sub_state(prev[0], "gpt."))
-        decoder.load_state_dict(sub_state(prev[0], "decoder."))
+        kept = sub_state(prev[0], "decoder.")
+        if {k: v.shape for k, v in kept.items()} == {k: v.shape for k, v in decoder.state_dict().items()}:
+            decoder.load_state_dict(kept)
+        else:  # --decoder-hidden/--decoder-layers changed its size
+            log("gpt", prev[1].get("step", 0), decoder_fresh=1, decoder_hidden=cfg.decoder.hidden,
+                decoder_layers=cfg.decoder.layers)
         spk_table.data.copy_(prev[0]["spk_table"].to(device))
         step0 = prev[1].get("step", 0)
     guided = GuidedAttention(gpt, layer=min(GUIDED_LAYER, cfg.gpt.layers - 1), heads=GUIDED_HEADS)
@@ -650,11 +669,10 @@ def export(args) -> Path:
 
     tok_path = Path(args.data) / "tokenizer.json"
     tok = Tokenizer(tok_path)
-    cfg = voice_config(tok.vocab_size, args.smoke)
-    model = TTSModel(cfg, tok)
     g, d, v = load_state(args.resume, "gpt"), load_state(args.resume, "dvae"), load_state(args.resume, "vocos")
     if not (g and d and v):
         raise SystemExit(f"{args.resume} lacks one of gpt/dvae/vocos checkpoints")
+    model = TTSModel(run_decoder_config(voice_config(tok.vocab_size, args.smoke), g[0]), tok)
     model.gpt.load_state_dict(sub_state(g[0], "gpt."))
     model.decoder.load_state_dict(sub_state(g[0], "decoder."))
     model.dvae.load_state_dict(sub_state(d[0], "dec."))
@@ -751,6 +769,10 @@ def main(argv=None):
     ap.add_argument("--save-every", type=float, default=2.0, help="minutes between GPT checkpoints (0: end only)")
     ap.add_argument("--restart-schedule", action="store_true",
                     help="on resume, run the GPT curriculum and guided-attention schedule as if fresh")
+    ap.add_argument("--decoder-hidden", type=int, default=None,
+                    help="gpt stage: the Decoder's width (default: the --resume'd one's, else 192); a new size "
+                         "starts the Decoder from scratch")
+    ap.add_argument("--decoder-layers", type=int, default=None, help="gpt stage: the Decoder's ConvNeXt blocks")
     ap.add_argument("--decoder-stft", type=float, default=0.0,
                     help="weight of the Decoder's detail loss: its mels and the real ones through the frozen vocoder "
                          "of --resume, compared by multi-resolution STFT (0: mel L1 alone)")
@@ -790,7 +812,8 @@ def main(argv=None):
     torch.backends.cuda.matmul.allow_tf32 = True
     torch.backends.cudnn.allow_tf32 = True
     stages = [s for s in args.stages.split(",") if s]
-    resumed_gpt = load_state(args.resume, "gpt") is not None
+    resumed = load_state(args.resume, "gpt")
+    resumed_gpt = resumed is not None
     if not args.smoke:
         m = args.minutes
         if args.dvae_minutes is None:
@@ -813,7 +836,8 @@ def main(argv=None):
     from ..models import Tokenizer
     tok = Tokenizer(Path(args.data) / "tokenizer.json")
     spk_id, vocab = tok.token_id("[spk_emb]"), tok.vocab_size
-    cfg = voice_config(vocab, args.smoke)
+    cfg = run_decoder_config(voice_config(vocab, args.smoke), resumed[0] if resumed else None, args.decoder_hidden,
+                             args.decoder_layers)
     log("data", 0, utterances=data.n, frames=int(data.mel_off[-1]), vocab=vocab, device=str(device))
 
     child = None
