@@ -8,7 +8,6 @@ wall time each variant spent compiling and capturing.
 from __future__ import annotations
 
 import argparse
-import copy
 import json
 import platform
 import sys
@@ -18,8 +17,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from toolkit.bench import STEPS_PER_S, decode_rate, random_model  # noqa: E402
-from toolkit.precision import quantize  # noqa: E402
+from toolkit.bench import STEPS_PER_S, decode_rate, quantized_copy, random_model  # noqa: E402
 
 VARIANTS = {  # name -> Engine arguments
     "graphs": dict(compile=False, kernels=False),
@@ -30,14 +28,6 @@ VARIANTS = {  # name -> Engine arguments
     "kernels": dict(compile=True, kernels=True),  # toolkit/kernels.py up to KERNELS_MAX_BATCH, sampler compiled
     "kernels-graphs": dict(compile=False, kernels=True),  # the same, sampler not compiled
 }
-
-
-def quantized_copy(base, dev, precision: str):
-    """A copy of base in a recipe; NAME@DTYPE runs the recipe's float parts in DTYPE (int8@bf16)."""
-    model = copy.deepcopy(base)
-    recipe, _, float_dtype = precision.partition("@")
-    quantize(model, recipe, device=dev, float_dtype=float_dtype or None)
-    return model
 
 
 def main(argv=None) -> int:

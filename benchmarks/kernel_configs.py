@@ -22,9 +22,8 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from attention_decode import time_call  # noqa: E402
-from engine_variants import quantized_copy  # noqa: E402
 from toolkit import kernels  # noqa: E402
-from toolkit.bench import STEPS_PER_S, decode_rate, random_model  # noqa: E402
+from toolkit.bench import STEPS_PER_S, decode_rate, quantized_copy, random_model  # noqa: E402
 
 CALLS = 20  # ChatTTS's layers
 # block_k 1024 holds a whole 768-wide row: with PDL it is all loaded before the wait

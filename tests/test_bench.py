@@ -8,12 +8,12 @@ from toolkit.bench import markdown, run_chattts
 
 def test_bench_writes_report_and_table(tmp_path, capsys):
     out = tmp_path / "bench"
-    args = ["bench", "--dims", "tiny", "--device", "cpu", "--precisions", "fp32,int8,fp8", "--batches", "1,2",
+    args = ["bench", "--dims", "tiny", "--device", "cpu", "--precisions", "fp32,int8,int8@bf16,fp8", "--batches", "1,2",
             "--steps", "24", "--repeats", "1", "--out", str(out)]
     assert cli.main(args) == 0
     rep = json.loads(out.with_suffix(".json").read_text())
     assert rep["schema"] == "ttsq-bench/1" and rep["steps"] == 24 and rep["batches"] == [1, 2]
-    for name in ("fp32", "int8"):
+    for name in ("fp32", "int8", "int8@bf16"):  # NAME@DTYPE: the recipe's float parts in DTYPE
         r = rep["ttsq"][name]
         assert set(r["steps_per_s"]) == {"1", "2"} and all(v > 0 for v in r["steps_per_s"].values())
         assert r["audio_s_per_s"]["2"] > 0 and 0 < r["rtf"] and 0 < r["time_to_first_audio_s"] < 60

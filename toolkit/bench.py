@@ -116,9 +116,17 @@ def utterance_timing(model: TTSModel, steps: int, dev: torch.device, *, prompt: 
     return statistics.median(rtf), statistics.median(first)
 
 
-def bench_precision(base: TTSModel, name: str, cfg: BenchConfig, dev: torch.device) -> dict:
+def quantized_copy(base: TTSModel, dev: torch.device, precision: str) -> TTSModel:
+    """A copy of base in a recipe; NAME@DTYPE runs the recipe's float parts (and activations) in DTYPE, e.g.
+    int8@bf16 for int8 weights on bf16 activations."""
     model = copy.deepcopy(base)
-    quantize(model, name, device=dev)
+    recipe, _, float_dtype = precision.partition("@")
+    quantize(model, recipe, device=dev, float_dtype=float_dtype or None)
+    return model
+
+
+def bench_precision(base: TTSModel, name: str, cfg: BenchConfig, dev: torch.device) -> dict:
+    model = quantized_copy(base, dev, name)
     probe = Engine(model.gpt, kernels=cfg.kernels)  # decode_rate's engines decide the same way
     row: dict = {"weight_bytes": state_bytes(model), "steps_per_s": {}, "audio_s_per_s": {}, "peak_mem_bytes": {},
                  "triton_kernel_batches": [B for B in cfg.batches if probe.uses_kernels(B, dev)]}

@@ -235,7 +235,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(func=cmd_export)
 
     s = sub.add_parser("bench", help="ttsq and the chattts package side by side: steps/s, RTF, first audio, memory")
-    s.add_argument("--precisions", default="fp32,bf16,fp16,int8,int4")
+    s.add_argument("--precisions", default="fp32,bf16,fp16,int8,int4",
+                   help="recipes; NAME@DTYPE runs a quantized recipe's float parts in DTYPE (int8@bf16)")
     s.add_argument("--batches", default="1,8,64")
     s.add_argument("--steps", type=int, default=470, help="GPT steps per sequence (470 = 10 s of audio)")
     s.add_argument("--device", default=None, help="cpu or cuda[:N] (default: cuda if available)")
