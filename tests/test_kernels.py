@@ -93,13 +93,15 @@ def test_engine_with_kernels_samples_the_same_codes(monkeypatch):
 @pytest.mark.parametrize("params, dtype", [
     (SamplingParams(), torch.float32), (SamplingParams(top_p=1.0, repetition_penalty=1.0, top_k=5), torch.float32),
     (SamplingParams(temperature=(0.3, 0.7, 1.0, 0.5), top_p=0.3, min_keep=2), torch.float32),
-    (SamplingParams(), torch.bfloat16)])
+    (SamplingParams(), torch.bfloat16),
+    (SamplingParams(top_k=100, top_p=0.9), torch.float32)])  # top_k = the vocabulary: PyTorch samples instead
 def test_fused_sampling_step_does_what_the_pytorch_step_does(params, dtype):
     """One launch samples, keeps the books and embeds the codes: every buffer of the state ends as the PyTorch
     step leaves it, over steps where EOS is first barred (min_new) and then taken. Each step starts both from the
     same hidden state, since the two forwards round differently (to 1e-5 in fp32, 0.1 in bf16)."""
     gpt = small_vocab_gpt().to(dtype)
     Q, V, eos = gpt.cfg.num_vq, gpt.cfg.num_audio_tokens, gpt.cfg.eos_code
+    assert kernels.fused_sampling(gpt, params) == (params.top_k < V)
     eos_rows = torch.arange(Q) * V + eos
     with torch.no_grad():  # every codebook's EOS logit is 50 * h[:, 0]: row 1 wants EOS, row 0 never
         gpt.head_code.weight[eos_rows] = 0
