@@ -11,7 +11,8 @@ def add_evaluate_parser(sub, model_args) -> None:
     s = sub.add_parser("evaluate", help="compare precisions against FP32: quality, latency, memory, size")
     model_args(s)
     s.add_argument("--precisions", default="fp32,bf16,int8,int4",
-                   help="comma-separated recipes and/or quantized artifact folders")
+                   help="comma-separated recipes (NAME@DTYPE runs a recipe's float parts in DTYPE, e.g. int8@bf16) "
+                   "and/or quantized artifact folders")
     s.add_argument("--set", default=DEFAULT_SET, help="text set (JSONL); default: the 6-sentence smoke set")
     s.add_argument("--out", required=True, help="report folder (report.json, report.md, report.html, wavs/)")
     s.add_argument("--seeds", default="0,1", help="sampling seeds; the second gives the noise floor")

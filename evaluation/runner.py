@@ -25,7 +25,7 @@ import torch
 
 from toolkit import SamplingParams, Synthesizer, Utterance
 from toolkit.engine import sync_device, timed
-from toolkit.precision import state_bytes
+from toolkit.precision import split_precision, state_bytes
 from toolkit.text import expected_seconds
 from toolkit.textsets import TextRecord, load_text_set, set_hash
 
@@ -73,7 +73,9 @@ def _load(cfg: EvalConfig, entry: str) -> PrecisionRun:
         synth = Synthesizer(path, cfg.device)
         size = sum(f.stat().st_size for f in path.iterdir() if f.is_file())
     else:
-        synth = Synthesizer(cfg.model, cfg.device, None if entry == "fp32" else entry)
+        recipe, float_dtype = split_precision(entry)  # int8@bf16: int8 weights on bf16 activations
+        synth = Synthesizer(cfg.model, cfg.device, None if entry == "fp32" else recipe,
+                            **({"float_dtype": float_dtype} if float_dtype else {}))
         size = state_bytes(synth.model)
     return PrecisionRun(_label(entry), synth, size)
 

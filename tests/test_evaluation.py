@@ -70,11 +70,14 @@ def test_mcd_in_report_matches_independent_recomputation(evaluated):
 def test_cli_evaluate(tiny_dir, tmp_path):
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     out = tmp_path / "ev"
-    cmd = [sys.executable, "-m", "toolkit.cli", "evaluate", "--model", str(tiny_dir), "--precisions", "fp32,int8",
+    cmd = [sys.executable, "-m", "toolkit.cli", "evaluate", "--model", str(tiny_dir), "--precisions", "fp32,int8@bf16",
            "--set", SMOKE, "--limit", "2", "--max-steps", "12", "--repeats", "1", "--no-dnsmos", "--out", str(out)]
     r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
     assert r.returncode == 0, r.stderr
-    assert "| int8 |" in r.stdout and (out / "report.html").is_file()
+    assert "| int8@bf16 |" in r.stdout and (out / "report.html").is_file()  # NAME@DTYPE: int8 on bf16 activations
+    runs = json.loads((out / "report.json").read_text())["precisions"]
+    assert runs["int8@bf16"]["recipe"] == "int8"
+    assert runs["int8@bf16"]["performance"]["size_bytes"] < runs["fp32"]["performance"]["size_bytes"] / 2
     r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
     assert r.returncode == 2 and "--force" in r.stderr
     r = subprocess.run(cmd[:-1] + [str(tmp_path / "ev2"), "--seeds", "0"], capture_output=True, text=True, env=env)

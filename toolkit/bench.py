@@ -23,7 +23,7 @@ import torch
 from .engine import Engine, sync_device, timed
 from .models import ModelConfig, TTSModel, tiny
 from .plan import render_stream
-from .precision import quantize, state_bytes
+from .precision import quantize, split_precision, state_bytes
 from .sampling import SamplingParams
 from .streaming import StreamRenderer
 
@@ -120,8 +120,8 @@ def quantized_copy(base: TTSModel, dev: torch.device, precision: str) -> TTSMode
     """A copy of base in a recipe; NAME@DTYPE runs the recipe's float parts (and activations) in DTYPE, e.g.
     int8@bf16 for int8 weights on bf16 activations."""
     model = copy.deepcopy(base)
-    recipe, _, float_dtype = precision.partition("@")
-    quantize(model, recipe, device=dev, float_dtype=float_dtype or None)
+    recipe, float_dtype = split_precision(precision)
+    quantize(model, recipe, device=dev, float_dtype=float_dtype)
     return model
 
 

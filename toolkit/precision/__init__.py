@@ -12,7 +12,14 @@ from .calibration import (CalibrationData, LayerPlan, activation_aware_scale, cl
                           relative_error, search_clipping, sensitivity, simulated_errors, stage_outputs, takes)
 from .recipes import RECIPES, Recipe, UnsupportedRecipe, get_recipe, quantizable_linears, stage_of, torchao_config
 
-__all__ = ["RECIPES", "QuantReport", "Recipe", "UnsupportedRecipe", "quantize", "state_bytes"]
+__all__ = ["RECIPES", "QuantReport", "Recipe", "UnsupportedRecipe", "quantize", "split_precision", "state_bytes"]
+
+
+def split_precision(name: str) -> tuple[str, str | None]:
+    """"int8@bf16" -> ("int8", "bf16"): a recipe, and the dtype its float parts and activations run in (None: the
+    recipe's own), for the commands that take a list of precisions (bench, evaluate)."""
+    recipe, _, float_dtype = name.partition("@")
+    return recipe, float_dtype or None
 
 
 @dataclass
