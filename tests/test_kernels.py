@@ -189,3 +189,16 @@ def test_kernels_asked_for_on_cpu_without_the_interpreter_say_how(monkeypatch):
     engine = Engine(random_model("tiny", torch.device("cpu")).gpt, kernels=True)
     with pytest.raises(RuntimeError, match="set TRITON_INTERPRET=1"):
         engine.uses_kernels(1, torch.device("cpu"))
+
+
+def test_kernels_that_fail_only_as_dependent_launches_run_without_them(monkeypatch):
+    """A toolchain that cannot do programmatic dependent launch (here the interpreter, told the CPU has it) keeps
+    the kernels, launched plainly, with a warning; the check is two real steps against PyTorch."""
+    if DEVICE.type == "cuda":
+        pytest.skip("needs the interpreter, which has no gdc_wait")
+    monkeypatch.setattr(kernels, "_has_pdl", lambda device: True)
+    engine = Engine(small_vocab_gpt())
+    with pytest.warns(RuntimeWarning, match="fail as programmatic dependent launches"):
+        assert engine._kernels_launch(kernels, DEVICE)
+    assert not kernels.uses_pdl(DEVICE) and kernels.CONFIGS["launch"]["pdl"] is False
+    kernels.self_check(DEVICE)  # without PDL it runs

@@ -31,6 +31,7 @@ except ImportError:
     gdc_launch_dependents = gdc_wait = None
 
 from .engine import DecodeState, decode_step as pytorch_decode_step
+from .models.config import GPTConfig
 from .models.gpt import GPT, Block, RMSNorm
 from .sampling import SamplingParams, sample_codes
 
@@ -347,11 +348,15 @@ def _has_pdl(device: torch.device) -> bool:
     return gdc_wait is not None and device.type == "cuda" and torch.cuda.get_device_capability(device) >= (9, 0)
 
 
+def uses_pdl(device: torch.device) -> bool:
+    """Whether launches on `device` are programmatic dependent ones (CONFIGS["launch"], and a GPU that has them)."""
+    return CONFIGS["launch"]["pdl"] and _has_pdl(device)
+
+
 def _pdl(device: torch.device) -> dict:
     """Launch options: each kernel launched as a programmatic dependent of the one before, so it starts (and loads
     its weights) while that one finishes, and waits for it (gdc_wait) only before reading what it wrote."""
-    pdl = CONFIGS["launch"]["pdl"] and _has_pdl(device)
-    return dict(PDL=pdl, launch_pdl=True) if pdl else dict(PDL=False)
+    return dict(PDL=True, launch_pdl=True) if uses_pdl(device) else dict(PDL=False)
 
 
 def linear(x: Tensor, weight: Tensor, norm: RMSNorm | None = None, residual: Tensor | None = None,
@@ -460,3 +465,24 @@ def decode_step(gpt: GPT, s: DecodeState, p: SamplingParams, chunk: int, sample=
         BLOCK_H=triton.next_power_of_2(H), num_warps=CONFIGS["sample"]["warps"])
     decode_forward(gpt, x[:, None], slot, rope, counts=counts, out=s.h)
     s.step += 1
+
+
+def self_check(device: torch.device) -> None:
+    """Two decode steps of a tiny random GPT through these kernels against the PyTorch step, on `device`: raises
+    where Triton, the GPU or its driver cannot run them (a launch option, an instruction, a compiler it lacks).
+    The global random state is left as it was."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        gpt = GPT(GPTConfig(hidden=64, layers=1, heads=4, intermediate=128, max_positions=64, num_text_tokens=8,
+                            num_audio_tokens=64)).to(device).eval().requires_grad_(False)
+        h = torch.randn(1, 64)
+    gpt.setup_caches(1, 16)
+    gpt.key_valid.fill_(True)
+    p, (Q, V) = SamplingParams(), (gpt.cfg.num_vq, gpt.cfg.num_audio_tokens)
+    want, got = (DecodeState(1, 64, Q, V, p.penalty_window, 4, torch.float32, device) for _ in range(2))
+    for step in (pytorch_decode_step, decode_step, pytorch_decode_step, decode_step):
+        state = want if step is pytorch_decode_step else got
+        state.h.copy_(h)  # both sample from the same state; the cache slot each writes is the next one's
+        step(gpt, state, p, 4)
+    torch.testing.assert_close(got.h, want.h, atol=1e-2, rtol=1e-2)  # sane, TF32 or not
+    torch.testing.assert_close(got.codes, want.codes, atol=0, rtol=0)
