@@ -482,7 +482,7 @@ def self_check(device: torch.device) -> None:
     want, got = (DecodeState(1, 64, Q, V, p.penalty_window, 4, torch.float32, device) for _ in range(2))
     for step in (pytorch_decode_step, decode_step, pytorch_decode_step, decode_step):
         state = want if step is pytorch_decode_step else got
-        state.h.copy_(h)  # both sample from the same state; the cache slot each writes is the next one's
+        state.h.copy_(h)  # both start from the same state; they share the cache, writing near-equal values
         step(gpt, state, p, 4)
     torch.testing.assert_close(got.h, want.h, atol=1e-2, rtol=1e-2)  # sane, TF32 or not
     torch.testing.assert_close(got.codes, want.codes, atol=0, rtol=0)
