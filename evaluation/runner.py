@@ -74,8 +74,7 @@ def _load(cfg: EvalConfig, entry: str) -> PrecisionRun:
         size = sum(f.stat().st_size for f in path.iterdir() if f.is_file())
     else:
         recipe, float_dtype = split_precision(entry)  # int8@bf16: int8 weights on bf16 activations
-        synth = Synthesizer(cfg.model, cfg.device, None if entry == "fp32" else recipe,
-                            **({"float_dtype": float_dtype} if float_dtype else {}))
+        synth = Synthesizer(cfg.model, cfg.device, None if entry == "fp32" else recipe, float_dtype=float_dtype)
         size = state_bytes(synth.model)
     return PrecisionRun(_label(entry), synth, size)
 

@@ -141,9 +141,9 @@ class Engine:
         prefill_graphs: pad prompts to PREFILL_BUCKET and replay the prefill as a CUDA graph (see the module doc);
         None: pad on CUDA, graphs at batch 1 where graphs run (cuda_graphs), True: pad on any device and batch
         (graphs on CUDA with cuda_graphs), False: neither.
-        kernels: decode batches of up to KERNELS_MAX_BATCH rows through the Triton kernels of toolkit/kernels.py (six
-        launches per layer; with compile, only the sampler is compiled around them). None: on CUDA where Triton is
-        installed and the weights are floats or int8 weight-only; True: also on CPU (under TRITON_INTERPRET=1);
+        kernels: decode batches of up to KERNELS_MAX_BATCH rows through the Triton kernels of toolkit/kernels.py (five
+        launches per layer and one for sampling, not compiled). None: on CUDA where Triton is installed, the weights
+        are floats or int8 weight-only and kernels.self_check passes; True: also on CPU (under TRITON_INTERPRET=1);
         False: never."""
         self.gpt = gpt
         self.kernels = kernels
@@ -223,8 +223,8 @@ class Engine:
 
     def uses_kernels(self, batch: int, device: torch.device) -> bool:
         """Whether a decode step of `batch` rows on `device` runs through toolkit/kernels.py. The first call that
-        may use them imports Triton and checks the weights (and, chosen automatically, a trial launch); later calls
-        reuse the answer, since this runs on every step without graphs."""
+        may use them imports Triton and checks the weights (and, chosen automatically, runs kernels.self_check);
+        later calls reuse the answer, since this runs on every step without graphs."""
         if batch > KERNELS_MAX_BATCH or self.kernels is False or (self.kernels is None and device.type != "cuda"):
             return False
         if device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":

@@ -440,7 +440,7 @@ def fused_sampling(gpt: GPT, p: SamplingParams) -> bool:
     """Whether _sample_feed_kernel covers these settings: a top-k below the vocabulary (ChatTTS samples the best
     20 of 626) and plain code embeddings."""
     V = gpt.cfg.num_audio_tokens
-    return min(max(p.top_k, p.min_keep), V) < V and type(gpt.emb_code.weight) in (torch.Tensor, torch.nn.Parameter)
+    return p.top_k_for(V) < V and type(gpt.emb_code.weight) in (torch.Tensor, torch.nn.Parameter)
 
 
 def decode_step(gpt: GPT, s: DecodeState, p: SamplingParams, chunk: int, sample=sample_codes) -> None:
@@ -456,7 +456,7 @@ def decode_step(gpt: GPT, s: DecodeState, p: SamplingParams, chunk: int, sample=
     slot, rope = torch.empty(1, dtype=torch.long, **z), torch.empty(B, 1, dtype=torch.long, **z)
     counts = torch.empty(B * H, dtype=torch.int32, **z)
     logits = gpt.head_code(s.h)  # (B, Q * V) in the model's dtype, read as float32 like GPT.code_logits
-    penalty, k = p.repetition_penalty, min(max(p.top_k, p.min_keep), V)
+    penalty, k = p.repetition_penalty, p.top_k_for(V)
     _sample_feed_kernel[(B,)](
         logits, s.history, s.temperature, s.noise, s.step, s.min_new, gpt.emb_code.weight, s.h, s.hidden, s.codes,
         s.finished, s.lengths, x, s.prompt_len, s.rope_base, slot, rope, counts, V, W, D, H, chunk, cfg.eos_code,

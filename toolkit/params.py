@@ -27,6 +27,10 @@ class SamplingParams:
             raise ValueError(f"min_keep must be >= 2 (EOS may be barred from what top-p/top-k keep), got "
                              f"{self.min_keep}")
 
+    def top_k_for(self, vocab: int) -> int:
+        """The k best that top-k keeps of `vocab` codes: never fewer than min_keep, never more than there are."""
+        return min(max(self.top_k, self.min_keep), vocab)
+
     def temperatures(self, num_vq: int) -> list[float]:
         t = self.temperature
         t = list(t) if isinstance(t, (tuple, list)) else [t] * num_vq

@@ -17,7 +17,7 @@ def process_logits(logits: Tensor, history: Tensor, p: SamplingParams, temperatu
         counts.scatter_add_(1, history, torch.ones_like(history, dtype=logits.dtype))
         alpha = torch.pow(p.repetition_penalty, counts[:, :V])
         logits = torch.where(logits < 0, logits * alpha, logits / alpha)
-    k = min(max(p.top_k, p.min_keep), V)
+    k = p.top_k_for(V)
     if k < V:
         # top-p then top-k (ChatTTS's order) keeps a prefix of the ranking, so the k best and the full logsumexp
         # decide it: a top-k instead of a sort of all V, which was the step's slowest kernel at batch 1

@@ -31,7 +31,7 @@ def process_logits(logits: np.ndarray, history: np.ndarray, p: SamplingParams, t
         mask = np.zeros_like(drop)
         np.put_along_axis(mask, order, drop, -1)
         logits = np.where(mask, -np.inf, logits)
-    k = min(max(p.top_k, p.min_keep), V)
+    k = p.top_k_for(V)
     if k < V:
         kth = np.partition(logits, V - k, axis=-1)[:, V - k:V - k + 1]
         logits = np.where(logits < kth, -np.inf, logits)
