@@ -183,10 +183,11 @@ def vocoded_stft_loss(vocos: Vocos, mel_pred: Tensor, mel: Tensor, fmask: Tensor
     """The Decoder's detail loss: a window of `frames` valid mel frames per utterance (those that have one), the
     predicted and the real mel each through the frozen vocoder, compared with stft_loss. Mel L1 alone rewards the
     average, which the vocoder renders dull; this scores what the vocoder makes of it. Zero if no row is long enough."""
-    rows = [r for r in range(len(mel)) if int(fmask[r].sum()) >= frames]
+    valid = fmask.sum(1).tolist()  # one device sync for the batch
+    rows = [r for r, n in enumerate(valid) if n >= frames]
     if not rows:
         return mel_pred.new_zeros(())
-    offs = [int(g.integers(0, int(fmask[r].sum()) - frames + 1)) for r in rows]
+    offs = [int(g.integers(0, valid[r] - frames + 1)) for r in rows]
     pred = torch.stack([mel_pred[r, :, o: o + frames] for r, o in zip(rows, offs)]).float()
     with torch.no_grad():
         ref = vocos(torch.stack([mel[r, :, o: o + frames] for r, o in zip(rows, offs)]).float())
