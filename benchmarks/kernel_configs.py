@@ -4,7 +4,7 @@ own layer's weights and cache, as in a step, so weights stream from HBM rather t
 (results/kernel_configs_h200.json: of 5, after one discarded), with the shipped launch option (programmatic
 dependent launch on Hopper). Prints the best setting per kernel and, with --apply, times the decode step with them
 (engine_variants.py's measurement, same run): the compiled step without the kernels, the kernels without PDL, and
-the kernels.
+the kernels. --no-sweep times the step with the shipped settings only.
 
     python3 benchmarks/kernel_configs.py --out benchmarks/results/kernel_configs_fused_h200.json [--apply]
 """
@@ -32,7 +32,10 @@ GRID = {
     "linear": GEMV,
     "gate": GEMV,
     "qkv": [dict(pairs=p, block_k=k, warps=w) for p, k, w in itertools.product((1, 2, 4), (256, 512, 1024), (2, 4, 8))],
-    "attention": [dict(block_s=s, warps=w) for s, w in itertools.product((16, 32, 64, 128), (1, 2, 4))],
+    "oproj": [dict(block_n=n, block_k=k, warps=w) for n, k, w in itertools.product((1, 2, 4, 8), (256, 512, 1024),
+                                                                                    (2, 4, 8))],
+    "attention": [dict(splits=n, block_s=s, warps=w)
+                  for n, s, w in itertools.product((4, 8, 16, 32), (16, 32, 64), (1, 2, 4))],
 }
 
 
@@ -48,6 +51,7 @@ def main(argv=None) -> int:
     ap.add_argument("--apply", action="store_true", help="then time the decode step with the best settings")
     ap.add_argument("--batches", default="1,2", help="batches for --apply")
     ap.add_argument("--precision", default="bf16", help="a recipe; int8@bf16 runs int8 weights on bf16 activations")
+    ap.add_argument("--no-sweep", action="store_true", help="time the shipped settings only (with --apply)")
     ap.add_argument("--out", type=Path, required=True)
     a = ap.parse_args(argv)
     dev = torch.device("cuda")
@@ -63,6 +67,7 @@ def main(argv=None) -> int:
     u = torch.randn(1, gpt.cfg.intermediate, device=dev, dtype=dtype)
     slot, rope = torch.tensor([a.cache - 1], device=dev), torch.tensor([[a.cache - 1]], device=dev)
     q = kernels.qkv_rope(h, L[0], gpt.inv_freq, rope, slot)
+    parts = kernels.attention(q, L[0].attention.kv_cache.k, L[0].attention.kv_cache.v, gpt.key_valid, slot)
     q4 = q[:, :, None]
     mask = gpt.key_valid[:, None, None, :]
 
@@ -74,8 +79,8 @@ def main(argv=None) -> int:
                                     lambda i: L[i].attention.wqkv(L[i].attention_norm(h))),
         "attention": ("attention", lambda i: kernels.attention(q, cache(i).k, cache(i).v, gpt.key_valid, slot),
                       lambda i: F.scaled_dot_product_attention(q4, cache(i).k, cache(i).v, attn_mask=mask)),
-        "o-proj + residual": ("linear", lambda i: kernels.linear(h, L[i].attention.wo.weight, residual=h),
-                              lambda i: h + L[i].attention.wo(h)),
+        "combine + o-proj + residual": ("oproj", lambda i: kernels.linear(parts, L[i].attention.wo.weight, residual=h),
+                                        lambda i: h + L[i].attention.wo(h)),
         "gate/up (norm, silu)": ("gate", lambda i: kernels.linear(h, L[i].feed_forward.w13.weight,
                                                                    norm=L[i].ffn_norm, gate=True),
                                  lambda i: L[i].feed_forward.w13(L[i].ffn_norm(h))),
@@ -85,7 +90,7 @@ def main(argv=None) -> int:
     rows, chosen = [], {}
     sweep_pdl = kernels._pdl(dev)["PDL"]  # the sweep runs with the shipped launch option
     default = copy.deepcopy(kernels.CONFIGS)
-    for name, (kind, triton_call, torch_call) in cases.items():
+    for name, (kind, triton_call, torch_call) in ({} if a.no_sweep else cases).items():
         rows.append(dict(case=name, impl="pytorch (eager ops in the graph)", us=round(us_per_call(torch_call), 2)))
         for config in GRID[kind]:
             kernels.CONFIGS[kind] = config
@@ -94,7 +99,7 @@ def main(argv=None) -> int:
             except Exception as e:  # noqa: BLE001 - a setting the compiler refuses is recorded, not fatal
                 rows.append(dict(case=name, impl="triton", config=config, error=str(e)[:120]))
         kernels.CONFIGS[kind] = default[kind]
-    for kind in GRID:  # per kind, the setting with the least total time over the cases that use it
+    for kind in () if a.no_sweep else GRID:  # per kind, the setting with the least total time over its cases
         names = [n for n, c in cases.items() if c[0] == kind]
         totals = {}
         for r in rows:
@@ -103,7 +108,7 @@ def main(argv=None) -> int:
         best = min((sum(v), k) for k, v in totals.items() if len(v) == len(names))
         chosen[kind] = json.loads(best[1])
     print(f"{'case':26} {'pytorch us':>10} {'triton us (chosen)':>19} {'best any':>9}  chosen setting")
-    for name, (kind, _, _) in cases.items():
+    for name, (kind, _, _) in ({} if a.no_sweep else cases).items():
         mine = [r for r in rows if r["case"] == name and "us" in r]
         torch_us = mine[0]["us"]
         pick = next(r["us"] for r in mine[1:] if r["config"] == chosen[kind])
@@ -113,7 +118,8 @@ def main(argv=None) -> int:
     def save():  # after the sweep and after each decode timing, so a call cut short keeps what it measured
         out = dict(command="python3 " + " ".join(sys.argv), device=torch.cuda.get_device_name(dev),
                    torch=torch.__version__, triton=__import__("triton").__version__, calls_per_graph=CALLS,
-                   cache=a.cache, precision=a.precision, sweep_pdl=sweep_pdl, chosen=chosen, rows=rows,
+                   cache=a.cache, precision=a.precision, sweep_pdl=sweep_pdl, chosen=chosen,
+                   configs=kernels.CONFIGS, rows=rows,
                    decode_steps=steps)
         a.out.parent.mkdir(parents=True, exist_ok=True)
         a.out.write_text(json.dumps(out, indent=1) + "\n")

@@ -24,12 +24,14 @@ DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 @pytest.fixture(autouse=True)
 def fewer_programs_under_the_interpreter(monkeypatch):
     """The interpreter runs programs one after another: bigger blocks keep it fast (the kernels take any setting;
-    on CUDA the shipped ones run). Attention keeps small blocks, so that several are combined."""
+    on CUDA the shipped ones run). Attention keeps small runs and blocks, so that each run loops over blocks and
+    several runs are combined."""
     if DEVICE.type == "cpu":
         monkeypatch.setattr(kernels, "CONFIGS", dict(kernels.CONFIGS, linear=dict(block_n=16, block_k=64, warps=1),
                                                       gate=dict(block_n=16, block_k=64, warps=1),
                                                       qkv=dict(pairs=8, block_k=64, warps=1),
-                                                      attention=dict(block_s=8, warps=1)))
+                                                      oproj=dict(block_n=16, block_k=64, warps=1),
+                                                      attention=dict(splits=4, block_s=4, warps=1)))
 
 
 def odd_widths_gpt() -> GPT:
@@ -140,12 +142,16 @@ def test_fused_sampling_step_does_what_the_pytorch_step_does(params, dtype):
     assert want.codes[1, 2].eq(eos).all() and not want.codes[1, :2].eq(eos).any() and not want.codes[0].eq(eos).any()
 
 
-def test_int8_weight_only_step_matches_torchao_forward():
+@pytest.mark.parametrize("recipe", ["int8", "int4-g32"])
+def test_weight_only_step_matches_torchao_forward(recipe):
+    """int8 per row, and int4 read back from torchao's tinygemm layout into the kernels' own (levels, group
+    scales and zero points): the step agrees with torchao's matmuls."""
     pytest.importorskip("torchao")
     model = random_model("tiny", DEVICE)
-    quantize(model, "int8", device=DEVICE)
+    quantize(model, recipe, device=DEVICE)
     gpt = model.gpt
     assert kernels.supports(gpt)
+    assert {kernels._weight(layer.feed_forward.w2.weight).quant for layer in gpt.layers} == {int(recipe[3])}
     gpt.setup_caches(1, 32)
     gpt.key_valid.fill_(True)
     dtype = gpt.norm.weight.dtype
@@ -162,7 +168,7 @@ def test_kernels_refuse_other_quantized_weights_by_name():
     quantize(model, "w8a8", device=DEVICE)  # int8 activations too: not what the kernels compute
     assert not kernels.supports(model.gpt)
     emb, valid = _prompt(model, 1, 4, DEVICE)
-    with pytest.raises(ValueError, match="float or int8 weight-only"):
+    with pytest.raises(ValueError, match="float, int8 or int4 weight-only"):
         Engine(model.gpt, kernels=True).generate(emb, valid, SamplingParams(max_new_tokens=2))
     assert Engine(model.gpt).generate(emb, valid, SamplingParams(max_new_tokens=2)).codes.shape[1] == 2
 

@@ -143,7 +143,7 @@ class Engine:
         (graphs on CUDA with cuda_graphs), False: neither.
         kernels: decode batches of up to KERNELS_MAX_BATCH rows through the Triton kernels of toolkit/kernels.py (five
         launches per layer and one for sampling, not compiled). None: on CUDA where Triton is installed, the weights
-        are floats or int8 weight-only and kernels.self_check passes; True: also on CPU (under TRITON_INTERPRET=1);
+        are floats, int8 or int4 weight-only and kernels.self_check passes; True: also on CPU (under TRITON_INTERPRET=1);
         False: never."""
         self.gpt = gpt
         self.kernels = kernels
@@ -241,8 +241,8 @@ class Engine:
             return False
         if not kernels.supports(self.gpt):
             if self.kernels:
-                raise ValueError("Engine(kernels=True): the Triton step reads float or int8 weight-only weights (not "
-                                 "this recipe's) and needs a power-of-two head size of at least 16; use kernels=None")
+                raise ValueError("Engine(kernels=True): the Triton step reads float, int8 or int4 weight-only weights "
+                                 "(not this recipe's) and needs a power-of-two head size of at least 16; use kernels=None")
             self.kernels = False
             return False
         if self.kernels is None and not self._kernels_launch(kernels, device):

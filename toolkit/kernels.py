@@ -3,27 +3,30 @@
 At batch 1 a step is bound by the latency of its many small kernels, not by bytes (benchmarks/README.md). Here
 each matmul takes in the work around it, five launches per layer:
 
-    RMSNorm + QKV + RoPE + KV-cache write | attention over the cache (flash-decoding: blocks of slots, combined by
-    the last block to finish) | o-proj + residual | RMSNorm + gate/up + SiLU gate | down-proj + residual
+    RMSNorm + QKV + RoPE + KV-cache write | attention over the cache (flash-decoding: a fixed number of runs of
+    slots per head) | the runs combined + o-proj + residual | RMSNorm + gate/up + SiLU gate | down-proj + residual
 
 and one launch does everything between the code heads and the first layer (sampling, the step's bookkeeping, the
 next input's embedding). On Hopper and later each kernel is a programmatic dependent launch: it starts while the
 one before finishes, loads its weights, and waits (gdc_wait) only before it reads that kernel's output.
 
 Every program reads whole weight rows for one batch row, so the weights are read once per row (L2 serves the
-rows after the first): this path is for small batches (`Engine(kernels=...)` picks it). Accumulation is fp32 and
-each matmul's output is rounded to the model's dtype, as in the PyTorch path. With TRITON_INTERPRET=1 set before
+rows after the first): this path is for small batches (`Engine(kernels=...)` picks it). Weights are floats, or
+torchao's int8 (per row) or int4 (per group) weight-only ones. Accumulation is fp32 and each matmul's output is
+rounded to the model's dtype, as in the PyTorch path. With TRITON_INTERPRET=1 set before
 this module is imported, the same kernels run on the CPU (tests/test_kernels.py).
 """
 from __future__ import annotations
 
 import functools
 import math
+from typing import NamedTuple
 
 import torch
 import triton
 import triton.language as tl
 from torch import Tensor
+from torch.nn import functional as F
 
 try:  # programmatic dependent launch: Triton 3.3 on
     from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
@@ -36,21 +39,54 @@ from .models.gpt import GPT, Block, RMSNorm
 from .sampling import SamplingParams, sample_codes
 
 
-def _weight(w: Tensor) -> tuple[Tensor, Tensor | None, Tensor | None]:
-    """(data, per-row scale, per-row zero point) of a linear weight (N, K): plain floats, or torchao's int8
-    weight-only Int8Tensor with one scale per output row; anything else -> a ValueError naming it."""
+class Weight(NamedTuple):
+    """A linear weight (N, K) as _gemv reads it: data, scale, zero (QUANT 0: the float weight, no scale; 8: int8
+    (N, K), one scale and zero point per row; 4: int4 bytes (N, K / 2), a scale and zero point per GROUP columns)."""
+    data: Tensor
+    scale: Tensor | None
+    zero: Tensor | None
+    quant: int
+    group: int
+
+
+def _int4_plain(w: Tensor) -> Weight:
+    """torchao's int4 weight-only tensor (the tinygemm layouts: Int4TilePackedTo4dTensor on CUDA, Int4OpaqueTensor
+    on CPU) as _gemv reads int4: column 2j in a byte's low nibble, 2j + 1 in its high one. The values are read back
+    through the tensor's own matmul with an identity, so no packed layout of torchao's is decoded here; the levels
+    q follow from tinygemm's (q - 8) * scale + zero."""
+    N, K = w.shape
+    group = w.block_size[-1]
+    pairs = w.scale_and_zero[:K // group, :N].float()  # (groups, N, 2), padded past the weight's shape
+    scale, zero = pairs[..., 0].T.contiguous(), pairs[..., 1].T.contiguous()  # (N, groups)
+    dense = F.linear(torch.eye(K, dtype=w.scale_and_zero.dtype, device=w.device), w).T.float()  # (N, K)
+    q = torch.round((dense - zero.repeat_interleave(group, 1)) / scale.repeat_interleave(group, 1)) + 8
+    if K % 2 or not bool(((q >= 0) & (q <= 15)).all()):
+        raise ValueError(f"the Triton decode step cannot read this {type(w).__name__} as int4 levels 0..15")
+    q = q.to(torch.uint8)
+    return Weight((q[:, 0::2] | (q[:, 1::2] << 4)).contiguous(), scale, zero, 4, group)
+
+
+def _weight(w: Tensor) -> Weight:
+    """A linear weight as _gemv reads it: plain floats; torchao's int8 weight-only Int8Tensor with one scale per
+    output row; or its int4 weight-only tensors (converted once, kept with the weight: a quarter of its bf16
+    bytes more on the device); anything else -> a ValueError naming it."""
     if type(w) in (torch.Tensor, torch.nn.Parameter) and w.dtype in (torch.float32, torch.float16, torch.bfloat16):
-        return w, None, None
+        return Weight(w, None, None, 0, 1)
     block = getattr(w, "block_size", None)
     if (type(w).__name__ == "Int8Tensor" and getattr(w, "act_quant_kwargs", 1) is None
             and block is not None and list(block) == [1, w.shape[1]]):
-        return w.qdata, w.scale.reshape(-1), w.zero_point.reshape(-1)
-    raise ValueError(f"the Triton decode step reads float weights or int8 weight-only ones (per row), not "
-                     f"{type(w).__name__} {w.dtype}")
+        return Weight(w.qdata, w.scale.reshape(-1), w.zero_point.reshape(-1), 8, 1)
+    if type(w).__name__ in ("Int4TilePackedTo4dTensor", "Int4OpaqueTensor"):
+        if getattr(w, "_plain_int4", None) is None:
+            w._plain_int4 = _int4_plain(w)
+        return w._plain_int4
+    raise ValueError(f"the Triton decode step reads float weights, int8 weight-only ones (per row) or int4 "
+                     f"weight-only ones, not {type(w).__name__} {w.dtype}")
 
 
 def supports(gpt: GPT) -> bool:
-    """Weights these kernels read (floats, or int8 weight-only per row) and power-of-two heads of at least 16."""
+    """Weights these kernels read (floats, int8 weight-only per row, int4 weight-only) and power-of-two heads of
+    at least 16."""
     d = gpt.cfg.head_dim
     try:
         for layer in gpt.layers:
@@ -81,24 +117,83 @@ def _round(x, dt: tl.constexpr):
 
 
 @triton.jit
-def _gemv(x_row, g_ptr, w_ptr, s_ptr, z_ptr, rows, rows2, K, eps, NORM: tl.constexpr, QUANT: tl.constexpr,
-          TWO: tl.constexpr, PDL: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    """(W[rows] . xn, W[rows2] . xn) as fp32 (BLOCK_N,) each, the second only when TWO (gate and up, or a rotary
-    pair's halves: x is loaded and normalised once for both). xn = x rounded like RMSNorm's output
-    (weight * (x * rstd)) when NORM. QUANT: W is int8, (W - zero point) * scale per row.
+def _w_tile(w_ptr, s_ptr, z_ptr, rows, k0, K, QUANT: tl.constexpr, GROUP: tl.constexpr, BLOCK_K: tl.constexpr):
+    """Weight columns [k0, k0 + BLOCK_K) of `rows`, as stored; for int4 (QUANT == 4) the (BLOCK_N, BLOCK_K // 2)
+    bytes that hold them and their groups' scales and zero points, (BLOCK_N, BLOCK_K // GROUP) each."""
+    if QUANT == 4:
+        js = k0 // 2 + tl.arange(0, BLOCK_K // 2)
+        w = tl.load(w_ptr + rows[:, None] * (K // 2) + js[None, :], mask=(js < K // 2)[None, :], other=0)
+        gs = k0 // GROUP + tl.arange(0, BLOCK_K // GROUP)
+        at = rows[:, None] * (K // GROUP) + gs[None, :]
+        s = tl.load(s_ptr + at, mask=(gs < K // GROUP)[None, :], other=0.0)
+        z = tl.load(z_ptr + at, mask=(gs < K // GROUP)[None, :], other=0.0)
+        return w, s, z
+    else:
+        ks = k0 + tl.arange(0, BLOCK_K)
+        return tl.load(w_ptr + rows[:, None] * K + ks[None, :], mask=(ks < K)[None, :], other=0), 0.0, 0.0
+
+
+@triton.jit
+def _dot_tile(w, s, z, x, QUANT: tl.constexpr, GROUP: tl.constexpr, BLOCK_K: tl.constexpr):
+    """w (a _w_tile) times x (BLOCK_K,) fp32 -> (BLOCK_N, BLOCK_K // GROUP) fp32 partial sums; int4 is dequantized as
+    torchao's tinygemm layout means it, (q - 8) * scale + zero, one scale and zero per group of GROUP columns."""
+    if QUANT == 4:
+        BLOCK_N: tl.constexpr = w.shape[0]
+        q = tl.reshape(tl.join(w & 15, w >> 4), (BLOCK_N, BLOCK_K)).to(tl.float32) - 8.0
+        qx = tl.sum(tl.reshape(q * x[None, :], (BLOCK_N, BLOCK_K // GROUP, GROUP)), 2)
+        xg = tl.sum(tl.reshape(x, (BLOCK_K // GROUP, GROUP)), 1)
+        return qx * s.to(tl.float32) + z.to(tl.float32) * xg[None, :]
+    else:
+        return w.to(tl.float32) * x[None, :]
+
+
+@triton.jit
+def _x_tile(x_row, g_ptr, stat_row, k0, K, rstd, NORM: tl.constexpr, COMBINE: tl.constexpr, SPLITS: tl.constexpr,
+            HEAD_DIM: tl.constexpr, dt: tl.constexpr, BLOCK_K: tl.constexpr):
+    """x[k0 : k0 + BLOCK_K] as fp32, 0 past K. NORM: rounded as RMSNorm's output, weight * (x * rstd). COMBINE:
+    x_row is attention's per-split outputs (heads, SPLITS, HEAD_DIM) and stat_row their (max score, softmax sum)
+    pairs: x is the heads' attention output, the splits combined, rounded to dt."""
+    ks = k0 + tl.arange(0, BLOCK_K)
+    kmask = ks < K
+    if COMBINE:  # tiles hold whole heads (BLOCK_K is a multiple of HEAD_DIM)
+        HB: tl.constexpr = BLOCK_K // HEAD_DIM
+        heads = k0 // HEAD_DIM + tl.arange(0, HB)
+        c = tl.arange(0, SPLITS)
+        at = heads[:, None] * SPLITS + c[None, :]  # (HB, SPLITS)
+        live = (heads < K // HEAD_DIM)[:, None]
+        maxes = tl.load(stat_row + at * 2, mask=live, other=0.0)
+        sums = tl.load(stat_row + at * 2 + 1, mask=live, other=1.0)
+        weight = tl.exp(maxes - tl.max(maxes, 1)[:, None])  # each head's own slot is valid: its max is finite
+        d = tl.arange(0, HEAD_DIM)
+        parts = tl.load(x_row + at[:, :, None] * HEAD_DIM + d[None, None, :], mask=live[:, :, None], other=0.0)
+        out = tl.sum(weight[:, :, None] * parts, 1) / tl.sum(weight * sums, 1)[:, None]  # (HB, HEAD_DIM)
+        return _round(tl.reshape(out, (BLOCK_K,)), dt)
+    else:
+        x = tl.load(x_row + ks, mask=kmask, other=0.0).to(tl.float32)
+        if NORM:
+            x = _round(_round(x * rstd, dt) * tl.load(g_ptr + ks, mask=kmask, other=0.0).to(tl.float32), dt)
+        return x
+
+
+@triton.jit
+def _gemv(x_row, g_ptr, stat_row, w_ptr, s_ptr, z_ptr, rows, rows2, K, eps, NORM: tl.constexpr,
+          COMBINE: tl.constexpr, SPLITS: tl.constexpr, HEAD_DIM: tl.constexpr, QUANT: tl.constexpr,
+          GROUP: tl.constexpr, TWO: tl.constexpr, PDL: tl.constexpr, dt: tl.constexpr, BLOCK_N: tl.constexpr,
+          BLOCK_K: tl.constexpr):
+    """(W[rows] . x, W[rows2] . x) as fp32 (BLOCK_N,) each, the second only when TWO (gate and up, or a rotary
+    pair's halves: x is loaded and normalised once for both); x as _x_tile gives it (NORM, COMBINE), rounded to dt.
+    QUANT: 0 float weights; 8 int8, (W - zero point) * scale per row; 4 int4 in groups of GROUP (_dot_tile).
     With PDL the first weight tiles are loaded before waiting for the previous kernel, which never writes weights:
     the load overlaps that kernel's tail. Each tile after is loaded one step ahead of its use."""
-    dt: tl.constexpr = x_row.dtype.element_ty
-    ks = tl.arange(0, BLOCK_K)
-    w = tl.load(w_ptr + rows[:, None] * K + ks[None, :], mask=(ks < K)[None, :], other=0)
-    w2 = w
+    w, s, z = _w_tile(w_ptr, s_ptr, z_ptr, rows, 0, K, QUANT, GROUP, BLOCK_K)
+    w2, s2, z2 = w, s, z
     if TWO:
-        w2 = tl.load(w_ptr + rows2[:, None] * K + ks[None, :], mask=(ks < K)[None, :], other=0)
+        w2, s2, z2 = _w_tile(w_ptr, s_ptr, z_ptr, rows2, 0, K, QUANT, GROUP, BLOCK_K)
     scale = 1.0
     zero = 0.0
     scale2 = 1.0
     zero2 = 0.0
-    if QUANT:  # loaded with the first tiles, not after the loop: no memory round trip at the end
+    if QUANT == 8:  # loaded with the first tiles, not after the loop: no memory round trip at the end
         scale = tl.load(s_ptr + rows).to(tl.float32)
         zero = tl.load(z_ptr + rows).to(tl.float32)
         if TWO:
@@ -110,26 +205,21 @@ def _gemv(x_row, g_ptr, w_ptr, s_ptr, z_ptr, rows, rows2, K, eps, NORM: tl.const
     rstd = 1.0
     if NORM:
         rstd = _rstd(x_row, K, eps, BLOCK_K)
-    acc = tl.zeros((BLOCK_N, BLOCK_K), tl.float32)
-    acc2 = tl.zeros((BLOCK_N, BLOCK_K), tl.float32)
-    xsum = tl.zeros((BLOCK_K,), tl.float32)  # QUANT: sum(x), for the zero points
+    acc = tl.zeros((BLOCK_N, BLOCK_K // GROUP), tl.float32)
+    acc2 = tl.zeros((BLOCK_N, BLOCK_K // GROUP), tl.float32)
+    xsum = tl.zeros((BLOCK_K,), tl.float32)  # int8: sum(x), for the zero points
     for k0 in range(0, K, BLOCK_K):
-        ks = k0 + tl.arange(0, BLOCK_K)
-        kmask = ks < K
-        x = tl.load(x_row + ks, mask=kmask, other=0.0).to(tl.float32)
-        if NORM:
-            x = _round(_round(x * rstd, dt) * tl.load(g_ptr + ks, mask=kmask, other=0.0).to(tl.float32), dt)
-        acc += w.to(tl.float32) * x[None, :]
+        x = _x_tile(x_row, g_ptr, stat_row, k0, K, rstd, NORM, COMBINE, SPLITS, HEAD_DIM, dt, BLOCK_K)
+        acc += _dot_tile(w, s, z, x, QUANT, GROUP, BLOCK_K)
         if TWO:
-            acc2 += w2.to(tl.float32) * x[None, :]
+            acc2 += _dot_tile(w2, s2, z2, x, QUANT, GROUP, BLOCK_K)
         xsum += x
-        ks += BLOCK_K
-        w = tl.load(w_ptr + rows[:, None] * K + ks[None, :], mask=(ks < K)[None, :], other=0)
+        w, s, z = _w_tile(w_ptr, s_ptr, z_ptr, rows, k0 + BLOCK_K, K, QUANT, GROUP, BLOCK_K)
         if TWO:
-            w2 = tl.load(w_ptr + rows2[:, None] * K + ks[None, :], mask=(ks < K)[None, :], other=0)
+            w2, s2, z2 = _w_tile(w_ptr, s_ptr, z_ptr, rows2, k0 + BLOCK_K, K, QUANT, GROUP, BLOCK_K)
     y = tl.sum(acc, 1)
     y2 = tl.sum(acc2, 1)
-    if QUANT:
+    if QUANT == 8:
         total = tl.sum(xsum, 0)
         y = (y - zero * total) * scale
         y2 = (y2 - zero2 * total) * scale2
@@ -137,18 +227,21 @@ def _gemv(x_row, g_ptr, w_ptr, s_ptr, z_ptr, rows, rows2, K, eps, NORM: tl.const
 
 
 @triton.jit
-def _linear_kernel(x_ptr, g_ptr, w_ptr, s_ptr, z_ptr, res_ptr, out_ptr, N, K, eps,
-                   NORM: tl.constexpr, GATE: tl.constexpr, RES: tl.constexpr, QUANT: tl.constexpr,
+def _linear_kernel(x_ptr, g_ptr, stat_ptr, w_ptr, s_ptr, z_ptr, res_ptr, out_ptr, N, K, eps,
+                   NORM: tl.constexpr, COMBINE: tl.constexpr, SPLITS: tl.constexpr, HEAD_DIM: tl.constexpr,
+                   GATE: tl.constexpr, RES: tl.constexpr, QUANT: tl.constexpr, GROUP: tl.constexpr,
                    PDL: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    """out[m, n] = W[n] . xn[m] (+ res[m, n]); with GATE, silu(W[n] . xn[m]) * (W[N + n] . xn[m])."""
+    """out[m, n] = W[n] . x[m] (+ res[m, n]); with GATE, silu(W[n] . x[m]) * (W[N + n] . x[m]). x[m] as _gemv
+    reads it: normed (NORM), or attention's splits combined (COMBINE, the o-proj)."""
     pid = tl.program_id(0)
     m = tl.program_id(1)
     rows = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     keep = rows < N
     rows = tl.where(keep, rows, 0)
     dt: tl.constexpr = out_ptr.dtype.element_ty
-    y, up = _gemv(x_ptr + m * K, g_ptr, w_ptr, s_ptr, z_ptr, rows, rows + N, K, eps, NORM, QUANT, GATE, PDL,
-                  BLOCK_N, BLOCK_K)
+    y, up = _gemv(x_ptr + m * K * SPLITS, g_ptr, stat_ptr + m * (K // HEAD_DIM) * SPLITS * 2, w_ptr, s_ptr, z_ptr,
+                  rows, rows + N, K, eps, NORM, COMBINE, SPLITS, HEAD_DIM, QUANT, GROUP, GATE, PDL, dt, BLOCK_N,
+                  BLOCK_K)
     y = _round(y, dt)
     if GATE:
         y = _round(y / (1.0 + tl.exp(-y)), dt) * _round(up, dt)
@@ -160,7 +253,7 @@ def _linear_kernel(x_ptr, g_ptr, w_ptr, s_ptr, z_ptr, res_ptr, out_ptr, N, K, ep
 @triton.jit
 def _qkv_rope_kernel(x_ptr, g_ptr, w_ptr, s_ptr, z_ptr, inv_freq_ptr, rope_ptr, slot_ptr, q_ptr, k_ptr, v_ptr,
                      K, H, S, eps, HEAD_DIM: tl.constexpr, PAIRS: tl.constexpr, QUANT: tl.constexpr,
-                     PDL: tl.constexpr, BLOCK_K: tl.constexpr):
+                     GROUP: tl.constexpr, PDL: tl.constexpr, BLOCK_K: tl.constexpr):
     """PAIRS rotary pairs (rows i and i + HEAD_DIM/2 of a head) of q, k or v for batch row m: normed x times W_qkv,
     RoPE on q and k; q goes to q_ptr (M, H, HEAD_DIM), k and v into the cache (B, H, S, HEAD_DIM) at the slot.
     Programs walk the q heads, then the k heads, then the v heads."""
@@ -170,8 +263,8 @@ def _qkv_rope_kernel(x_ptr, g_ptr, w_ptr, s_ptr, z_ptr, inv_freq_ptr, rope_ptr, 
     d = (tl.program_id(0) % per_head) * PAIRS + tl.arange(0, PAIRS)
     m = tl.program_id(1)
     dt: tl.constexpr = q_ptr.dtype.element_ty
-    lo, hi = _gemv(x_ptr + m * K, g_ptr, w_ptr, s_ptr, z_ptr, j * HEAD_DIM + d, j * HEAD_DIM + HALF + d, K, eps,
-                   True, QUANT, True, PDL, PAIRS, BLOCK_K)
+    lo, hi = _gemv(x_ptr + m * K, g_ptr, x_ptr, w_ptr, s_ptr, z_ptr, j * HEAD_DIM + d, j * HEAD_DIM + HALF + d, K,
+                   eps, True, False, 1, HEAD_DIM, QUANT, GROUP, True, PDL, dt, PAIRS, BLOCK_K)
     lo = _round(lo, dt)
     hi = _round(hi, dt)
     which = j // H
@@ -193,55 +286,58 @@ def _qkv_rope_kernel(x_ptr, g_ptr, w_ptr, s_ptr, z_ptr, inv_freq_ptr, rope_ptr, 
 
 
 @triton.jit
-def _attention_kernel(q_ptr, k_ptr, v_ptr, valid_ptr, slot_ptr, part_ptr, stat_ptr, count_ptr, out_ptr, H, S,
-                      valid_stride, scale, HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_C: tl.constexpr,
-                      PDL: tl.constexpr):
-    """Flash-decoding in one launch: one query (head h, batch row m) against cache slots [c * BLOCK_S, +BLOCK_S)
-    that are at most the query's slot, written as the block's unnormalised output (fp32), max score and softmax
-    sum; the last block of a (row, head) to finish (an atomic count) combines them all -> out (M, H * HEAD_DIM) and
-    resets the count. Keys are masked by key_valid (left padding) except the query's own slot, as in GPT._run's
-    mask. With PDL the earlier slots' keys and values load before the wait; the own slot, just written by the
-    previous kernel, is read after it."""
+def _attention_kernel(q_ptr, k_ptr, v_ptr, valid_ptr, slot_ptr, part_ptr, stat_ptr, H, S, valid_stride, scale,
+                      HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr, PDL: tl.constexpr):
+    """Flash-decoding, first half: one query (head h, batch row m) against the c-th of SPLITS equal runs of the
+    cache slots up to its own (BLOCK_S at a time, online softmax), written as the run's unnormalised output (fp32),
+    max score and softmax sum. The o-proj combines the runs (_x_tile). Keys are masked by key_valid (left
+    padding) except the query's own slot, as in GPT._run's mask. With PDL the run's first keys and values load
+    before the wait; the own slot, just written by the previous kernel, is read after it."""
     h = tl.program_id(0)
     c = tl.program_id(1)
     m = tl.program_id(2)
     splits = tl.num_programs(1)
     row = m * H + h
     slot = tl.load(slot_ptr)  # written before the step's first layer: safe before the wait
+    run = tl.cdiv(slot + 1, splits)
+    lo = c * run
+    hi = tl.minimum(lo + run, slot + 1)
     d = tl.arange(0, HEAD_DIM)
-    s = c * BLOCK_S + tl.arange(0, BLOCK_S)
-    seen = s <= slot  # blocks past the slot load nothing
     base = row * S * HEAD_DIM
-    valid = tl.load(valid_ptr + m * valid_stride + s, mask=seen, other=0) != 0
-    k = tl.load(k_ptr + base + s[:, None] * HEAD_DIM + d[None, :], mask=seen[:, None], other=0.0)
-    v = tl.load(v_ptr + base + s[:, None] * HEAD_DIM + d[None, :], mask=seen[:, None], other=0.0)
+    s = lo + tl.arange(0, BLOCK_S)
+    k = tl.load(k_ptr + base + s[:, None] * HEAD_DIM + d[None, :], mask=(s < hi)[:, None], other=0.0)
+    v = tl.load(v_ptr + base + s[:, None] * HEAD_DIM + d[None, :], mask=(s < hi)[:, None], other=0.0)
     if PDL:
         gdc_wait()
         gdc_launch_dependents()
-    own = (s == slot)[:, None]
-    k = tl.where(own, tl.load(k_ptr + base + slot * HEAD_DIM + d)[None, :], k)
-    v = tl.where(own, tl.load(v_ptr + base + slot * HEAD_DIM + d)[None, :], v)
+    own_k = tl.load(k_ptr + base + slot * HEAD_DIM + d)[None, :]
+    own_v = tl.load(v_ptr + base + slot * HEAD_DIM + d)[None, :]
     q = tl.load(q_ptr + row * HEAD_DIM + d).to(tl.float32) * scale
-    scores = tl.where((seen & valid) | (s == slot), tl.sum(k.to(tl.float32) * q[None, :], 1), float("-inf"))
-    best = tl.max(scores, 0)
-    p = tl.exp(scores - tl.where(best == float("-inf"), 0.0, best))  # a block with no valid key adds nothing
+    best = tl.full([], float("-inf"), tl.float32)
+    total = tl.full([], 0.0, tl.float32)
+    acc = tl.zeros((HEAD_DIM,), tl.float32)
+    for s0 in range(lo, hi, BLOCK_S):
+        s = s0 + tl.arange(0, BLOCK_S)
+        seen = s < hi
+        own = (s == slot)[:, None]
+        k = tl.where(own, own_k, k)
+        v = tl.where(own, own_v, v)
+        valid = tl.load(valid_ptr + m * valid_stride + s, mask=seen, other=0) != 0
+        scores = tl.where(seen & (valid | (s == slot)), tl.sum(k.to(tl.float32) * q[None, :], 1), float("-inf"))
+        new_best = tl.maximum(best, tl.max(scores, 0))
+        shift = tl.where(new_best == float("-inf"), 0.0, new_best)  # nothing valid yet adds nothing
+        p = tl.exp(scores - shift)
+        rescale = tl.exp(best - shift)
+        total = total * rescale + tl.sum(p, 0)
+        acc = acc * rescale + tl.sum(p[:, None] * v.to(tl.float32), 0)
+        best = new_best
+        s += BLOCK_S
+        k = tl.load(k_ptr + base + s[:, None] * HEAD_DIM + d[None, :], mask=(s < hi)[:, None], other=0.0)
+        v = tl.load(v_ptr + base + s[:, None] * HEAD_DIM + d[None, :], mask=(s < hi)[:, None], other=0.0)
     part = row * splits + c
-    tl.store(part_ptr + part * HEAD_DIM + d, tl.sum(p[:, None] * v.to(tl.float32), 0))
+    tl.store(part_ptr + part * HEAD_DIM + d, acc)
     tl.store(stat_ptr + part * 2, best)
-    tl.store(stat_ptr + part * 2 + 1, tl.sum(p, 0))
-    tl.debug_barrier()  # all of this program's stores issued before its (release) count
-    if tl.atomic_add(count_ptr + row, 1) == splits - 1:
-        cs = tl.arange(0, BLOCK_C)
-        used = cs < splits
-        at = row * splits + cs  # read through L2 (.cg): other programs wrote these
-        maxes = tl.load(stat_ptr + at * 2, mask=used, other=float("-inf"), cache_modifier=".cg")
-        sums = tl.load(stat_ptr + at * 2 + 1, mask=used, other=0.0, cache_modifier=".cg")
-        scale_c = tl.exp(maxes - tl.max(maxes, 0))  # the own slot is always valid, so the max is finite
-        parts = tl.load(part_ptr + at[:, None] * HEAD_DIM + d[None, :], mask=used[:, None], other=0.0,
-                        cache_modifier=".cg")
-        combined = tl.sum(scale_c[:, None] * parts, 0) / tl.sum(scale_c * sums, 0)
-        tl.store(out_ptr + row * HEAD_DIM + d, combined.to(out_ptr.dtype.element_ty))
-        tl.atomic_xchg(count_ptr + row, 0)  # ready for the next layer's launch
+    tl.store(stat_ptr + part * 2 + 1, total)
 
 
 @triton.jit
@@ -264,14 +360,14 @@ def _rmsnorm_kernel(x_ptr, g_ptr, out_ptr, K, eps, PDL: tl.constexpr, BLOCK_K: t
 @triton.jit
 def _sample_feed_kernel(logits_ptr, hist_ptr, temp_ptr, noise_ptr, step_ptr, min_new_ptr, emb_ptr, h_ptr,
                         hidden_ptr, codes_ptr, finished_ptr, lengths_ptr, x_ptr, prompt_len_ptr, rope_base_ptr,
-                        slot_ptr, rope_ptr, counts_ptr, V, W, D, H, CHUNK, EOS, top_k, top_p, min_keep, log2_penalty,
+                        slot_ptr, rope_ptr, V, W, D, CHUNK, EOS, top_k, top_p, min_keep, log2_penalty,
                         Q: tl.constexpr, PENALTY: tl.constexpr, TOP_P: tl.constexpr, BLOCK_Q: tl.constexpr,
-                        BLOCK_V: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_H: tl.constexpr):
+                        BLOCK_V: tl.constexpr, BLOCK_D: tl.constexpr):
     """Everything of a decode step between the code heads and the first layer, for batch row b (its Q codebooks
     as the rows of one tile), as engine.decode_step and sampling.sample_codes do it: temperature, repetition
     penalty over the history window, top-p inside top-k, EOS barred before min_new, the draw argmax(p / noise);
     then the history, codes, hidden, finished and lengths bookkeeping, the next input (the Q code embeddings
-    summed), the cache slot and RoPE positions, and zeroed attention counts for the layers.
+    summed), the cache slot and RoPE positions.
     The k best are taken one per iteration (max with its index), k being small (ChatTTS: 20 of 626)."""
     b = tl.program_id(0)
     step = tl.load(step_ptr)
@@ -322,8 +418,6 @@ def _sample_feed_kernel(logits_ptr, hist_ptr, temp_ptr, noise_ptr, step_ptr, min
     tl.store(rope_ptr + b, tl.load(rope_base_ptr + b) + step)
     if b == 0:
         tl.store(slot_ptr, tl.load(prompt_len_ptr) + step)
-    hs = tl.arange(0, BLOCK_H)
-    tl.store(counts_ptr + b * H + hs, tl.zeros((BLOCK_H,), tl.int32), mask=hs < H)
 
 
 def _block_k(K: int, block_k: int) -> int:
@@ -334,10 +428,11 @@ def _block_k(K: int, block_k: int) -> int:
 # results/kernel_configs_pdl_h200.json): whole 768-wide rows in one tile, so with PDL a program has loaded all its
 # weights by the time the previous kernel ends
 CONFIGS = {
-    "linear": dict(block_n=1, block_k=1024, warps=4),  # o-proj, down-proj
+    "linear": dict(block_n=1, block_k=1024, warps=4),  # down-proj
+    "oproj": dict(block_n=4, block_k=256, warps=4),  # o-proj, combining attention's runs
     "gate": dict(block_n=8, block_k=512, warps=4),  # gate/up with SiLU
     "qkv": dict(pairs=2, block_k=1024, warps=2),
-    "attention": dict(block_s=16, warps=1),
+    "attention": dict(splits=16, block_s=32, warps=1),
     "sample": dict(warps=4),
     "launch": dict(pdl=True),  # programmatic dependent launch, where the GPU has it (Hopper on)
 }
@@ -359,39 +454,55 @@ def _pdl(device: torch.device) -> dict:
     return dict(PDL=True, launch_pdl=True) if uses_pdl(device) else dict(PDL=False)
 
 
-def linear(x: Tensor, weight: Tensor, norm: RMSNorm | None = None, residual: Tensor | None = None,
+class Partials(NamedTuple):
+    """Attention's runs of cache slots before they are combined: outputs (M, H, splits, hd) and (max score,
+    softmax sum) pairs (M, H, splits, 2), fp32; the query's dtype, which the combined output is rounded to."""
+    part: Tensor
+    stat: Tensor
+    dtype: torch.dtype
+
+
+def _launch_weight(weight: Tensor) -> tuple[list, dict]:
+    """(w, scale, zero pointers, QUANT and GROUP) for a kernel call."""
+    w = _weight(weight)
+    return ([w.data, w.data if w.scale is None else w.scale, w.data if w.zero is None else w.zero],
+            dict(QUANT=w.quant, GROUP=w.group))
+
+
+def linear(x: Tensor | Partials, weight: Tensor, norm: RMSNorm | None = None, residual: Tensor | None = None,
            gate: bool = False) -> Tensor:
     """x (M, K), weight (N, K) or, with gate, (2N, K) -> (M, N): (residual +) norm(x) @ weight.T, or
-    silu(norm(x) @ W_gate.T) * (norm(x) @ W_up.T)."""
-    M, K = x.shape
+    silu(norm(x) @ W_gate.T) * (norm(x) @ W_up.T). x may be attention's Partials (the o-proj): combined here."""
+    combine = isinstance(x, Partials)
+    c = CONFIGS["oproj" if combine else "gate" if gate else "linear"]
+    if combine:
+        M, H, splits, hd = x.part.shape
+        K, dtype, x_data, stat = H * hd, x.dtype, x.part, x.stat
+    else:
+        (M, K), dtype, x_data, stat, splits, hd = x.shape, x.dtype, x, x, 1, 1
     N = weight.shape[0] // (2 if gate else 1)
-    out = torch.empty(M, N, dtype=x.dtype, device=x.device)
-    c = CONFIGS["gate" if gate else "linear"]
-    w, scale, zero = _weight(weight)
+    out = torch.empty(M, N, dtype=dtype, device=x_data.device)
+    w_args, w_opts = _launch_weight(weight)
+    block_k = _block_k(K, max(c["block_k"], hd, w_opts["GROUP"]))
     _linear_kernel[(triton.cdiv(N, c["block_n"]), M)](
-        x, norm.weight if norm is not None else x, w, w if scale is None else scale, w if zero is None else zero,
-        residual if residual is not None else x, out, N, K, norm.eps if norm is not None else 0.0,
-        NORM=norm is not None, GATE=gate, RES=residual is not None, QUANT=scale is not None,
-        BLOCK_N=c["block_n"], BLOCK_K=_block_k(K, c["block_k"]), num_warps=c["warps"], **_pdl(x.device))
+        x_data, norm.weight if norm is not None else x_data, stat, *w_args,
+        residual if residual is not None else x_data, out, N, K, norm.eps if norm is not None else 0.0,
+        NORM=norm is not None, COMBINE=combine, SPLITS=splits, HEAD_DIM=hd, GATE=gate, RES=residual is not None,
+        BLOCK_N=c["block_n"], BLOCK_K=block_k, num_warps=c["warps"], **w_opts, **_pdl(x_data.device))
     return out
 
 
-def attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, key_valid: Tensor, slot: Tensor,
-              counts: Tensor | None = None) -> Tensor:
-    """q (M, H, hd) for cache slot `slot` (1,), caches (B >= M, H, S, hd), key_valid (B, S) -> (M, H * hd).
-    counts: M * H int32 zeros, left zero again (decode_forward shares one across layers); None: made here."""
+def attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, key_valid: Tensor, slot: Tensor) -> Partials:
+    """q (M, H, hd) for cache slot `slot` (1,), caches (B >= M, H, S, hd), key_valid (B, S) -> the Partials of
+    CONFIGS["attention"]["splits"] runs of slots, which linear() combines (the o-proj)."""
     M, H, hd = q.shape
-    S = k_cache.shape[2]
     c = CONFIGS["attention"]
-    splits = triton.cdiv(S, c["block_s"])
-    part = torch.empty(M, H, splits, hd, dtype=torch.float32, device=q.device)
-    stat = torch.empty(M, H, splits, 2, dtype=torch.float32, device=q.device)
-    counts = torch.zeros(M * H, dtype=torch.int32, device=q.device) if counts is None else counts
-    out = torch.empty(M, H * hd, dtype=q.dtype, device=q.device)
-    _attention_kernel[(H, splits, M)](q, k_cache, v_cache, key_valid, slot, part, stat, counts, out, H, S,
-                                      key_valid.stride(0), hd ** -0.5, HEAD_DIM=hd, BLOCK_S=c["block_s"],
-                                      BLOCK_C=triton.next_power_of_2(splits), num_warps=c["warps"], **_pdl(q.device))
-    return out
+    part = torch.empty(M, H, c["splits"], hd, dtype=torch.float32, device=q.device)
+    stat = torch.empty(M, H, c["splits"], 2, dtype=torch.float32, device=q.device)
+    _attention_kernel[(H, c["splits"], M)](q, k_cache, v_cache, key_valid, slot, part, stat, H, k_cache.shape[2],
+                                           key_valid.stride(0), hd ** -0.5, HEAD_DIM=hd, BLOCK_S=c["block_s"],
+                                           num_warps=c["warps"], **_pdl(q.device))
+    return Partials(part, stat, q.dtype)
 
 
 def qkv_rope(h: Tensor, layer: Block, inv_freq: Tensor, rope_pos: Tensor, slot: Tensor) -> Tensor:
@@ -402,12 +513,11 @@ def qkv_rope(h: Tensor, layer: Block, inv_freq: Tensor, rope_pos: Tensor, slot: 
     c = CONFIGS["qkv"]
     pairs = min(c["pairs"], hd // 2)
     q = torch.empty(M, H, hd, dtype=h.dtype, device=h.device)
-    w, scale, zero = _weight(att.wqkv.weight)
+    w_args, w_opts = _launch_weight(att.wqkv.weight)
     _qkv_rope_kernel[(3 * H * hd // 2 // pairs, M)](
-        h, layer.attention_norm.weight, w, scale if scale is not None else w, zero if zero is not None else w,
-        inv_freq, rope_pos, slot, q, cache.k, cache.v, D, H, cache.k.shape[2], layer.attention_norm.eps,
-        HEAD_DIM=hd, PAIRS=pairs, QUANT=scale is not None, BLOCK_K=_block_k(D, c["block_k"]), num_warps=c["warps"],
-        **_pdl(h.device))
+        h, layer.attention_norm.weight, *w_args, inv_freq, rope_pos, slot, q, cache.k, cache.v, D, H,
+        cache.k.shape[2], layer.attention_norm.eps, HEAD_DIM=hd, PAIRS=pairs,
+        BLOCK_K=_block_k(D, max(c["block_k"], w_opts["GROUP"])), num_warps=c["warps"], **w_opts, **_pdl(h.device))
     return q
 
 
@@ -419,18 +529,15 @@ def rmsnorm(x: Tensor, norm: RMSNorm, out: Tensor | None = None) -> Tensor:
     return out
 
 
-def decode_forward(gpt: GPT, x: Tensor, input_pos: Tensor, rope_pos: Tensor, counts: Tensor | None = None,
-                   out: Tensor | None = None) -> Tensor:
+def decode_forward(gpt: GPT, x: Tensor, input_pos: Tensor, rope_pos: Tensor, out: Tensor | None = None) -> Tensor:
     """GPT.forward for one new position per row through these kernels: x (B, 1, D), input_pos (1,) cache slot,
     rope_pos (B, 1) -> final-norm hidden (B, 1, D), written into out (B, D) if given; writes the cache slot like the
-    PyTorch path. counts: B * heads int32 zeros for attention (made here if None)."""
+    PyTorch path."""
     h = x[:, 0].contiguous()
-    if counts is None:
-        counts = torch.zeros(h.shape[0] * gpt.cfg.heads, dtype=torch.int32, device=h.device)
     for layer in gpt.layers:
         att, ffn, cache = layer.attention, layer.feed_forward, layer.attention.kv_cache
         y = attention(qkv_rope(h, layer, gpt.inv_freq, rope_pos, input_pos), cache.k, cache.v, gpt.key_valid,
-                      input_pos, counts)
+                      input_pos)
         h = linear(y, att.wo.weight, residual=h)
         h = linear(linear(h, ffn.w13.weight, norm=layer.ffn_norm, gate=True), ffn.w2.weight, residual=h)
     return rmsnorm(h, gpt.norm, out)[:, None]
@@ -450,20 +557,19 @@ def decode_step(gpt: GPT, s: DecodeState, p: SamplingParams, chunk: int, sample=
     if not fused_sampling(gpt, p):
         return pytorch_decode_step(gpt, s, p, chunk, sample=sample, forward=decode_forward)
     cfg = gpt.cfg
-    (B, D), Q, V, H, W = s.h.shape, cfg.num_vq, cfg.num_audio_tokens, cfg.heads, s.history.shape[1]
+    (B, D), Q, V, W = s.h.shape, cfg.num_vq, cfg.num_audio_tokens, s.history.shape[1]
     z = dict(device=s.h.device)
     x = torch.empty(B, D, dtype=s.h.dtype, **z)
     slot, rope = torch.empty(1, dtype=torch.long, **z), torch.empty(B, 1, dtype=torch.long, **z)
-    counts = torch.empty(B * H, dtype=torch.int32, **z)
     logits = gpt.head_code(s.h)  # (B, Q * V) in the model's dtype, read as float32 like GPT.code_logits
     penalty, k = p.repetition_penalty, p.top_k_for(V)
     _sample_feed_kernel[(B,)](
         logits, s.history, s.temperature, s.noise, s.step, s.min_new, gpt.emb_code.weight, s.h, s.hidden, s.codes,
-        s.finished, s.lengths, x, s.prompt_len, s.rope_base, slot, rope, counts, V, W, D, H, chunk, cfg.eos_code,
+        s.finished, s.lengths, x, s.prompt_len, s.rope_base, slot, rope, V, W, D, chunk, cfg.eos_code,
         k, p.top_p, min(p.min_keep, k), math.log2(penalty), Q=Q, PENALTY=penalty != 1.0, TOP_P=p.top_p < 1.0,
         BLOCK_Q=triton.next_power_of_2(Q), BLOCK_V=triton.next_power_of_2(V), BLOCK_D=triton.next_power_of_2(D),
-        BLOCK_H=triton.next_power_of_2(H), num_warps=CONFIGS["sample"]["warps"])
-    decode_forward(gpt, x[:, None], slot, rope, counts=counts, out=s.h)
+        num_warps=CONFIGS["sample"]["warps"])
+    decode_forward(gpt, x[:, None], slot, rope, out=s.h)
     s.step += 1
 
 
