@@ -52,6 +52,7 @@ def main(argv=None) -> int:
     ap.add_argument("--batches", default="1,2", help="batches for --apply")
     ap.add_argument("--precision", default="bf16", help="a recipe; int8@bf16 runs int8 weights on bf16 activations")
     ap.add_argument("--no-sweep", action="store_true", help="time the shipped settings only (with --apply)")
+    ap.add_argument("--configs", type=Path, help="with --no-sweep: the settings an earlier run chose (its JSON)")
     ap.add_argument("--out", type=Path, required=True)
     a = ap.parse_args(argv)
     dev = torch.device("cuda")
@@ -125,6 +126,8 @@ def main(argv=None) -> int:
         a.out.write_text(json.dumps(out, indent=1) + "\n")
 
     save()
+    if a.configs:
+        chosen = json.loads(a.configs.read_text())["chosen"]
     if a.apply:
         kernels.CONFIGS.update(chosen)
         del gpt, model
