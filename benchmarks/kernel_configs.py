@@ -52,6 +52,8 @@ def main(argv=None) -> int:
     ap.add_argument("--batches", default="1,2", help="batches for --apply")
     ap.add_argument("--precision", default="bf16", help="a recipe; int8@bf16 runs int8 weights on bf16 activations")
     ap.add_argument("--no-sweep", action="store_true", help="time the shipped settings only (with --apply)")
+    ap.add_argument("--sample-warps", default="", help="with --apply: also time the kernels with these warps for "
+                    "the sampling launch, e.g. 1,2,8")
     ap.add_argument("--configs", type=Path, help="with --no-sweep: the settings an earlier run chose (its JSON)")
     ap.add_argument("--out", type=Path, required=True)
     a = ap.parse_args(argv)
@@ -132,10 +134,14 @@ def main(argv=None) -> int:
         kernels.CONFIGS.update(chosen)
         del gpt, model
         for B in map(int, a.batches.split(",")):
-            for variant, opts, pdl in (("step (no kernels)", dict(compile=True, kernels=False), False),
-                                       ("kernels without PDL", dict(compile=True, kernels=True), False),
-                                       ("kernels", dict(compile=True, kernels=True), True)):
+            shipped = kernels.CONFIGS["sample"]["warps"]
+            for variant, opts, pdl, warps in (("step (no kernels)", dict(compile=True, kernels=False), False, shipped),
+                                              ("kernels without PDL", dict(compile=True, kernels=True), False, shipped),
+                                              ("kernels", dict(compile=True, kernels=True), True, shipped),
+                                              *((f"kernels, sampling in {w} warps", dict(compile=True, kernels=True),
+                                                 True, int(w)) for w in filter(None, a.sample_warps.split(",")))):
                 kernels.CONFIGS["launch"] = dict(pdl=pdl)
+                kernels.CONFIGS["sample"] = dict(warps=warps)
                 torch._dynamo.reset()
                 sps = decode_rate(quantized_copy(base, dev, a.precision), B, 470, dev, **opts)
                 steps.append(dict(variant=variant, batch=B, steps_per_s=round(sps, 1),

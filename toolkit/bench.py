@@ -130,6 +130,9 @@ def bench_precision(base: TTSModel, name: str, cfg: BenchConfig, dev: torch.devi
     probe = Engine(model.gpt, kernels=cfg.kernels)  # decode_rate's engines decide the same way
     row: dict = {"weight_bytes": state_bytes(model), "steps_per_s": {}, "audio_s_per_s": {}, "peak_mem_bytes": {},
                  "triton_kernel_batches": [B for B in cfg.batches if probe.uses_kernels(B, dev)]}
+    if row["triton_kernel_batches"]:  # the launch settings they ran with, for the record
+        from . import kernels  # imported by uses_kernels already (Triton is there)
+        row["triton_kernel_configs"] = copy.deepcopy(kernels.CONFIGS)
     for B in cfg.batches:
         if dev.type == "cuda":
             torch.cuda.reset_peak_memory_stats(dev)

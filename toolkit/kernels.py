@@ -361,14 +361,15 @@ def _rmsnorm_kernel(x_ptr, g_ptr, out_ptr, K, eps, PDL: tl.constexpr, BLOCK_K: t
 def _sample_feed_kernel(logits_ptr, hist_ptr, temp_ptr, noise_ptr, step_ptr, min_new_ptr, emb_ptr, h_ptr,
                         hidden_ptr, codes_ptr, finished_ptr, lengths_ptr, x_ptr, prompt_len_ptr, rope_base_ptr,
                         slot_ptr, rope_ptr, V, W, D, CHUNK, EOS, top_k, top_p, min_keep, log2_penalty,
-                        Q: tl.constexpr, PENALTY: tl.constexpr, TOP_P: tl.constexpr, BLOCK_Q: tl.constexpr,
-                        BLOCK_V: tl.constexpr, BLOCK_D: tl.constexpr):
+                        Q: tl.constexpr, PENALTY: tl.constexpr, TOP_P: tl.constexpr, PDL: tl.constexpr,
+                        BLOCK_Q: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_W: tl.constexpr):
     """Everything of a decode step between the code heads and the first layer, for batch row b (its Q codebooks
     as the rows of one tile), as engine.decode_step and sampling.sample_codes do it: temperature, repetition
     penalty over the history window, top-p inside top-k, EOS barred before min_new, the draw argmax(p / noise);
     then the history, codes, hidden, finished and lengths bookkeeping, the next input (the Q code embeddings
     summed), the cache slot and RoPE positions.
-    The k best are taken one per iteration (max with its index), k being small (ChatTTS: 20 of 626)."""
+    The k best are taken one per iteration (max with its index), k being small (ChatTTS: 20 of 626). With PDL
+    everything but the logits (the launch before writes only those) is loaded before the wait."""
     b = tl.program_id(0)
     step = tl.load(step_ptr)
     j = step % CHUNK
@@ -377,12 +378,20 @@ def _sample_feed_kernel(logits_ptr, hist_ptr, temp_ptr, noise_ptr, step_ptr, min
     v = tl.arange(0, BLOCK_V)
     live = (q < Q)[:, None] & (v < V)[None, :]
     at = n[:, None] * V + v[None, :]
+    temperature = tl.load(temp_ptr + n, mask=q < Q, other=1.0)
+    noise = tl.load(noise_ptr + j * tl.num_programs(0) * Q * V + at, mask=live, other=1.0)
+    ws = tl.arange(0, BLOCK_W)  # the history window as one tile: one load, not one per slot
+    window = tl.load(hist_ptr + n[:, None] * W + ws[None, :], mask=(q < Q)[:, None] & (ws < W)[None, :], other=V)
+    if PDL:
+        gdc_wait()
+        gdc_launch_dependents()
     x = tl.load(logits_ptr + at, mask=live, other=float("-inf")).to(tl.float32)
-    x = x / tl.load(temp_ptr + n, mask=q < Q, other=1.0)[:, None]
+    x = x / temperature[:, None]
     if PENALTY:
         seen = tl.zeros((BLOCK_Q, BLOCK_V), tl.float32)
-        for w in range(0, W):  # V marks an empty slot of the window
-            seen += (tl.load(hist_ptr + n * W + w, mask=q < Q, other=V)[:, None] == v[None, :]).to(tl.float32)
+        for w in range(0, BLOCK_W):  # V marks an empty slot of the window
+            code_w = tl.sum(tl.where(ws[None, :] == w, window, 0), 1)  # (BLOCK_Q,): column w, from registers
+            seen += (code_w[:, None] == v[None, :]).to(tl.float32)
         alpha = tl.exp2(seen * log2_penalty)
         x = tl.where(x < 0, x * alpha, x / alpha)
     top = tl.max(x, 1)
@@ -402,7 +411,6 @@ def _sample_feed_kernel(logits_ptr, hist_ptr, temp_ptr, noise_ptr, step_ptr, min
     x = tl.where(x < cut[:, None], float("-inf"), x)
     x = tl.where((v[None, :] == EOS) & (step < tl.load(min_new_ptr)), float("-inf"), x)
     e = tl.exp(x - tl.max(x, 1)[:, None])
-    noise = tl.load(noise_ptr + j * tl.num_programs(0) * Q * V + at, mask=live, other=1.0)
     code = tl.argmax(e / tl.sum(e, 1)[:, None] / noise, 1)  # (BLOCK_Q,)
     tl.store(hist_ptr + n * W + step % W, code.to(hist_ptr.dtype.element_ty), mask=q < Q)
     tl.store(codes_ptr + (b * CHUNK + j) * Q + q, code.to(codes_ptr.dtype.element_ty), mask=q < Q)
@@ -424,15 +432,15 @@ def _block_k(K: int, block_k: int) -> int:
     return min(triton.next_power_of_2(K), block_k)
 
 
-# launch settings per kernel, chosen on the H200 with PDL (benchmarks/kernel_configs.py,
-# results/kernel_configs_pdl_h200.json): whole 768-wide rows in one tile, so with PDL a program has loaded all its
-# weights by the time the previous kernel ends
+# launch settings per kernel, chosen on the H200 with PDL at bf16 (benchmarks/kernel_configs.py,
+# results/kernel_configs_runs_h200.json): whole 768-wide rows in one tile where it pays, so with PDL a program has
+# loaded its weights by the time the previous kernel ends
 CONFIGS = {
-    "linear": dict(block_n=1, block_k=1024, warps=4),  # down-proj
-    "oproj": dict(block_n=4, block_k=256, warps=4),  # o-proj, combining attention's runs
-    "gate": dict(block_n=8, block_k=512, warps=4),  # gate/up with SiLU
+    "linear": dict(block_n=2, block_k=1024, warps=4),  # down-proj, code heads
+    "oproj": dict(block_n=8, block_k=1024, warps=8),  # o-proj, combining attention's runs
+    "gate": dict(block_n=4, block_k=512, warps=2),  # gate/up with SiLU
     "qkv": dict(pairs=2, block_k=1024, warps=2),
-    "attention": dict(splits=16, block_s=32, warps=1),
+    "attention": dict(splits=32, block_s=32, warps=1),
     "sample": dict(warps=4),
     "launch": dict(pdl=True),  # programmatic dependent launch, where the GPU has it (Hopper on)
 }
@@ -561,14 +569,14 @@ def decode_step(gpt: GPT, s: DecodeState, p: SamplingParams, chunk: int, sample=
     z = dict(device=s.h.device)
     x = torch.empty(B, D, dtype=s.h.dtype, **z)
     slot, rope = torch.empty(1, dtype=torch.long, **z), torch.empty(B, 1, dtype=torch.long, **z)
-    logits = gpt.head_code(s.h)  # (B, Q * V) in the model's dtype, read as float32 like GPT.code_logits
+    logits = linear(s.h, gpt.head_code.weight)  # (B, Q * V) in the model's dtype, read as float32 like code_logits
     penalty, k = p.repetition_penalty, p.top_k_for(V)
     _sample_feed_kernel[(B,)](
         logits, s.history, s.temperature, s.noise, s.step, s.min_new, gpt.emb_code.weight, s.h, s.hidden, s.codes,
         s.finished, s.lengths, x, s.prompt_len, s.rope_base, slot, rope, V, W, D, chunk, cfg.eos_code,
         k, p.top_p, min(p.min_keep, k), math.log2(penalty), Q=Q, PENALTY=penalty != 1.0, TOP_P=p.top_p < 1.0,
         BLOCK_Q=triton.next_power_of_2(Q), BLOCK_V=triton.next_power_of_2(V), BLOCK_D=triton.next_power_of_2(D),
-        num_warps=CONFIGS["sample"]["warps"])
+        BLOCK_W=triton.next_power_of_2(W), num_warps=CONFIGS["sample"]["warps"], **_pdl(s.h.device))
     decode_forward(gpt, x[:, None], slot, rope, out=s.h)
     s.step += 1
 
