@@ -11,8 +11,8 @@ each batch size and cache bucket, and captured as a CUDA graph. Compiling costs 
 warm up first. benchmarks/engine_variants.py measures it against the cheaper regional compile ("block") on the GPU:
 1.1x at batch 1 and 64; at batch 1 the step is bound by the latency of its ~227 small kernels (benchmarks/README.md).
 At batch <= KERNELS_MAX_BATCH on CUDA the step runs through the Triton kernels of toolkit/kernels.py instead (five
-launches per layer and one for sampling and bookkeeping, nothing compiled): 1.95x the compiled step at batch 1 on
-the H200 (benchmarks/results/kernel_configs_fused_h200.json).
+launches per layer and one for sampling and bookkeeping, nothing compiled): 1.99x the compiled step at batch 1 on
+the H200 (benchmarks/results/kernel_configs_sample_h200.json).
 
 On CUDA (or with `prefill_graphs=True` anywhere) the prompt is left-padded to a multiple of PREFILL_BUCKET (padding
 is masked like a batch's own). That bounds the prompt shapes a long-running server sees: cuDNN's attention keeps a
