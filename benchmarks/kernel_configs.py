@@ -54,7 +54,8 @@ def main(argv=None) -> int:
     ap.add_argument("--no-sweep", action="store_true", help="time the shipped settings only (with --apply)")
     ap.add_argument("--sample-warps", default="", help="with --apply: also time the kernels with these warps for "
                     "the sampling launch, e.g. 1,2,8")
-    ap.add_argument("--configs", type=Path, help="with --no-sweep: the settings an earlier run chose (its JSON)")
+    ap.add_argument("--configs", type=Path, help="apply the settings an earlier run chose (its JSON) instead of this "
+                    "run's sweep; goes with --no-sweep")
     ap.add_argument("--out", type=Path, required=True)
     a = ap.parse_args(argv)
     dev = torch.device("cuda")
@@ -93,7 +94,8 @@ def main(argv=None) -> int:
     rows, chosen = [], {}
     sweep_pdl = kernels._pdl(dev)["PDL"]  # the sweep runs with the shipped launch option
     default = copy.deepcopy(kernels.CONFIGS)
-    for name, (kind, triton_call, torch_call) in ({} if a.no_sweep else cases).items():
+    swept = {} if a.no_sweep else cases
+    for name, (kind, triton_call, torch_call) in swept.items():
         rows.append(dict(case=name, impl="pytorch (eager ops in the graph)", us=round(us_per_call(torch_call), 2)))
         for config in GRID[kind]:
             kernels.CONFIGS[kind] = config
@@ -102,7 +104,7 @@ def main(argv=None) -> int:
             except Exception as e:  # noqa: BLE001 - a setting the compiler refuses is recorded, not fatal
                 rows.append(dict(case=name, impl="triton", config=config, error=str(e)[:120]))
         kernels.CONFIGS[kind] = default[kind]
-    for kind in () if a.no_sweep else GRID:  # per kind, the setting with the least total time over its cases
+    for kind in dict.fromkeys(c[0] for c in swept.values()):  # per kind, the least total time over its cases
         names = [n for n, c in cases.items() if c[0] == kind]
         totals = {}
         for r in rows:
@@ -111,7 +113,7 @@ def main(argv=None) -> int:
         best = min((sum(v), k) for k, v in totals.items() if len(v) == len(names))
         chosen[kind] = json.loads(best[1])
     print(f"{'case':26} {'pytorch us':>10} {'triton us (chosen)':>19} {'best any':>9}  chosen setting")
-    for name, (kind, _, _) in ({} if a.no_sweep else cases).items():
+    for name, (kind, _, _) in swept.items():
         mine = [r for r in rows if r["case"] == name and "us" in r]
         torch_us = mine[0]["us"]
         pick = next(r["us"] for r in mine[1:] if r["config"] == chosen[kind])
@@ -122,19 +124,20 @@ def main(argv=None) -> int:
         out = dict(command="python3 " + " ".join(sys.argv), device=torch.cuda.get_device_name(dev),
                    torch=torch.__version__, triton=__import__("triton").__version__, calls_per_graph=CALLS,
                    cache=a.cache, precision=a.precision, sweep_pdl=sweep_pdl, chosen=chosen,
-                   configs=kernels.CONFIGS, rows=rows,
+                   configs=applied, rows=rows,
                    decode_steps=steps)
         a.out.parent.mkdir(parents=True, exist_ok=True)
         a.out.write_text(json.dumps(out, indent=1) + "\n")
 
-    save()
     if a.configs:
         chosen = json.loads(a.configs.read_text())["chosen"]
+    kernels.CONFIGS.update(chosen)
+    applied = copy.deepcopy(kernels.CONFIGS)  # what --apply times; each variant sets its own launch and sampling warps
+    save()
     if a.apply:
-        kernels.CONFIGS.update(chosen)
         del gpt, model
+        shipped = applied["sample"]["warps"]
         for B in map(int, a.batches.split(",")):
-            shipped = kernels.CONFIGS["sample"]["warps"]
             for variant, opts, pdl, warps in (("step (no kernels)", dict(compile=True, kernels=False), False, shipped),
                                               ("kernels without PDL", dict(compile=True, kernels=True), False, shipped),
                                               ("kernels", dict(compile=True, kernels=True), True, shipped),

@@ -153,8 +153,6 @@ def _x_tile(x_row, g_ptr, stat_row, k0, K, rstd, NORM: tl.constexpr, COMBINE: tl
     """x[k0 : k0 + BLOCK_K] as fp32, 0 past K. NORM: rounded as RMSNorm's output, weight * (x * rstd). COMBINE:
     x_row is attention's per-split outputs (heads, SPLITS, HEAD_DIM) and stat_row their (max score, softmax sum)
     pairs: x is the heads' attention output, the splits combined, rounded to dt."""
-    ks = k0 + tl.arange(0, BLOCK_K)
-    kmask = ks < K
     if COMBINE:  # tiles hold whole heads (BLOCK_K is a multiple of HEAD_DIM)
         HB: tl.constexpr = BLOCK_K // HEAD_DIM
         heads = k0 // HEAD_DIM + tl.arange(0, HB)
@@ -169,6 +167,8 @@ def _x_tile(x_row, g_ptr, stat_row, k0, K, rstd, NORM: tl.constexpr, COMBINE: tl
         out = tl.sum(weight[:, :, None] * parts, 1) / tl.sum(weight * sums, 1)[:, None]  # (HB, HEAD_DIM)
         return _round(tl.reshape(out, (BLOCK_K,)), dt)
     else:
+        ks = k0 + tl.arange(0, BLOCK_K)
+        kmask = ks < K
         x = tl.load(x_row + ks, mask=kmask, other=0.0).to(tl.float32)
         if NORM:
             x = _round(_round(x * rstd, dt) * tl.load(g_ptr + ks, mask=kmask, other=0.0).to(tl.float32), dt)
