@@ -36,8 +36,6 @@ GRID = {
                                                                                     (2, 4, 8))],
     "attention": [dict(splits=n, block_s=s, warps=w)
                   for n, s, w in itertools.product((4, 8, 16, 32), (16, 32, 64), (1, 2, 4))],
-    "mlp": [dict(fused=True, block_n=n, block_k=k, block_d=d, warps=w)
-            for n, k, d, w in itertools.product((8, 16, 32), (256, 1024), (256, 1024), (2, 4, 8))],
 }
 
 
@@ -54,12 +52,10 @@ def main(argv=None) -> int:
     ap.add_argument("--batches", default="1,2", help="batches for --apply")
     ap.add_argument("--precision", default="bf16", help="a recipe; int8@bf16 runs int8 weights on bf16 activations")
     ap.add_argument("--no-sweep", action="store_true", help="time the shipped settings only (with --apply)")
-    ap.add_argument("--sweep", default=None, help="sweep only these kernels, e.g. mlp,gate (default: all; a whole "
+    ap.add_argument("--sweep", default=None, help="sweep only these kernels, e.g. gate,oproj (default: all; a whole "
                     "sweep takes about 9 minutes on the H200)")
     ap.add_argument("--sample-warps", default="", help="with --apply: also time the kernels with these warps for "
                     "the sampling launch, e.g. 1,2,8")
-    ap.add_argument("--unfused-mlp", action="store_true", help="with --apply: also time the kernels with the "
-                    "feed-forward in two launches (gate/up, then down) instead of one")
     ap.add_argument("--configs", type=Path, help="apply the settings an earlier run chose (its JSON) instead of this "
                     "run's sweep; goes with --no-sweep")
     ap.add_argument("--out", type=Path, required=True)
@@ -75,7 +71,6 @@ def main(argv=None) -> int:
     dtype = gpt.norm.weight.dtype  # the activations' dtype
     h = torch.randn(1, D, device=dev, dtype=dtype)
     u = torch.randn(1, gpt.cfg.intermediate, device=dev, dtype=dtype)
-    acc = torch.zeros(1, D, device=dev, dtype=torch.float32)  # what the fused MLP adds into
     slot, rope = torch.tensor([a.cache - 1], device=dev), torch.tensor([[a.cache - 1]], device=dev)
     q = kernels.qkv_rope(h, L[0], gpt.inv_freq, rope, slot)
     parts = kernels.attention(q, L[0].attention.kv_cache.k, L[0].attention.kv_cache.v, gpt.key_valid, slot)
@@ -97,8 +92,6 @@ def main(argv=None) -> int:
                                  lambda i: L[i].feed_forward.w13(L[i].ffn_norm(h))),
         "down + residual": ("linear", lambda i: kernels.linear(u, L[i].feed_forward.w2.weight, residual=h),
                             lambda i: h + L[i].feed_forward.w2(u)),
-        "feed-forward in one launch": ("mlp", lambda i: kernels.mlp(h, L[i], acc),
-                                       lambda i: h + L[i].feed_forward(L[i].ffn_norm(h))),
     }
     rows, chosen = [], {}
     sweep_pdl = kernels._pdl(dev)["PDL"]  # the sweep runs with the shipped launch option
@@ -148,17 +141,13 @@ def main(argv=None) -> int:
         shipped = applied["sample"]["warps"]
         kernels_on = dict(compile=True, kernels=True)
         for B in map(int, a.batches.split(",")):
-            for variant, opts, pdl, warps, fused in (
-                    ("step (no kernels)", dict(compile=True, kernels=False), False, shipped, True),
-                    ("kernels without PDL", kernels_on, False, shipped, True),
-                    ("kernels", kernels_on, True, shipped, True),
-                    *((f"kernels, sampling in {w} warps", kernels_on, True, int(w), True)
-                      for w in filter(None, a.sample_warps.split(","))),
-                    *((("kernels, feed-forward in two launches", kernels_on, True, shipped, False),)
-                      if a.unfused_mlp else ())):
+            for variant, opts, pdl, warps in (("step (no kernels)", dict(compile=True, kernels=False), False, shipped),
+                                              ("kernels without PDL", kernels_on, False, shipped),
+                                              ("kernels", kernels_on, True, shipped),
+                                              *((f"kernels, sampling in {w} warps", kernels_on, True, int(w))
+                                                for w in filter(None, a.sample_warps.split(",")))):
                 kernels.CONFIGS["launch"] = dict(pdl=pdl)
                 kernels.CONFIGS["sample"] = dict(warps=warps)
-                kernels.CONFIGS["mlp"] = dict(applied["mlp"], fused=fused)
                 torch._dynamo.reset()
                 sps = decode_rate(quantized_copy(base, dev, a.precision), B, 470, dev, **opts)
                 steps.append(dict(variant=variant, batch=B, steps_per_s=round(sps, 1),

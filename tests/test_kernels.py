@@ -31,9 +31,7 @@ def fewer_programs_under_the_interpreter(monkeypatch):
                                                       gate=dict(block_n=16, block_k=64, warps=1),
                                                       qkv=dict(pairs=8, block_k=64, warps=1),
                                                       oproj=dict(block_n=16, block_k=64, warps=1),
-                                                      attention=dict(splits=4, block_s=4, warps=1),
-                                                      mlp=dict(fused=True, block_n=16, block_k=64, block_d=32,
-                                                               warps=1)))
+                                                      attention=dict(splits=4, block_s=4, warps=1)))
 
 
 def odd_widths_gpt() -> GPT:
@@ -51,14 +49,9 @@ def small_vocab_gpt() -> GPT:
     return GPT(cfg).to(DEVICE).eval().requires_grad_(False)
 
 
-@pytest.mark.parametrize("fused_mlp", [True, False])
 @pytest.mark.parametrize("dtype, atol, dims", [(torch.float32, 1e-5, "tiny"), (torch.bfloat16, 0.1, "tiny"),
                                                (torch.float16, 0.02, "tiny"), (torch.float32, 1e-5, "odd")])
-def test_decode_forward_matches_the_pytorch_forward_and_writes_the_same_cache(dtype, atol, dims, fused_mlp,
-                                                                              monkeypatch):
-    """Both feed-forward paths: one launch with the down-proj added up atomically into an fp32 residual stream
-    (the hidden rows in programs of 16, the outputs in tiles of 32, so odd widths leave partial tiles), or two."""
-    monkeypatch.setitem(kernels.CONFIGS, "mlp", dict(kernels.CONFIGS["mlp"], fused=fused_mlp))
+def test_decode_forward_matches_the_pytorch_forward_and_writes_the_same_cache(dtype, atol, dims):
     gpt = (random_model("tiny", DEVICE).gpt if dims == "tiny" else odd_widths_gpt()).to(dtype)
     B, S, slot = 2, 64, 20
     gpt.setup_caches(B, S)
@@ -149,13 +142,11 @@ def test_fused_sampling_step_does_what_the_pytorch_step_does(params, dtype):
     assert want.codes[1, 2].eq(eos).all() and not want.codes[1, :2].eq(eos).any() and not want.codes[0].eq(eos).any()
 
 
-@pytest.mark.parametrize("recipe, mlp_rows", [("int8", 16), ("int4-g32", 16), ("int4-g32", 64)])
-def test_weight_only_step_matches_torchao_forward(recipe, mlp_rows, monkeypatch):
+@pytest.mark.parametrize("recipe", ["int8", "int4-g32"])
+def test_weight_only_step_matches_torchao_forward(recipe):
     """int8 per row, and int4 read back from torchao's tinygemm layout into the kernels' own (levels, group
-    scales and zero points): the step agrees with torchao's matmuls. The fused MLP's programs hold half an int4
-    group of hidden rows, or two groups."""
+    scales and zero points): the step agrees with torchao's matmuls."""
     pytest.importorskip("torchao")
-    monkeypatch.setitem(kernels.CONFIGS, "mlp", dict(kernels.CONFIGS["mlp"], block_n=mlp_rows))
     model = random_model("tiny", DEVICE)
     quantize(model, recipe, device=DEVICE)
     gpt = model.gpt

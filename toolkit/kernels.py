@@ -117,15 +117,13 @@ def _round(x, dt: tl.constexpr):
 
 
 @triton.jit
-def _w_tile(w_ptr, s_ptr, z_ptr, rows, k0, K, QUANT: tl.constexpr, GROUP: tl.constexpr, SUB: tl.constexpr,
-            BLOCK_K: tl.constexpr):
+def _w_tile(w_ptr, s_ptr, z_ptr, rows, k0, K, QUANT: tl.constexpr, GROUP: tl.constexpr, BLOCK_K: tl.constexpr):
     """Weight columns [k0, k0 + BLOCK_K) of `rows`, as stored; for int4 (QUANT == 4) the (BLOCK_N, BLOCK_K // 2)
-    bytes that hold them and their groups' scales and zero points, (BLOCK_N, BLOCK_K // SUB) each: SUB is GROUP
-    when the tile holds whole groups, BLOCK_K when it lies inside one (the fused MLP's down-proj slices)."""
+    bytes that hold them and their groups' scales and zero points, (BLOCK_N, BLOCK_K // GROUP) each."""
     if QUANT == 4:
         js = k0 // 2 + tl.arange(0, BLOCK_K // 2)
         w = tl.load(w_ptr + rows[:, None] * (K // 2) + js[None, :], mask=(js < K // 2)[None, :], other=0)
-        gs = k0 // GROUP + tl.arange(0, BLOCK_K // SUB)
+        gs = k0 // GROUP + tl.arange(0, BLOCK_K // GROUP)
         at = rows[:, None] * (K // GROUP) + gs[None, :]
         s = tl.load(s_ptr + at, mask=(gs < K // GROUP)[None, :], other=0.0)
         z = tl.load(z_ptr + at, mask=(gs < K // GROUP)[None, :], other=0.0)
@@ -187,10 +185,10 @@ def _gemv(x_row, g_ptr, stat_row, w_ptr, s_ptr, z_ptr, rows, rows2, K, eps, NORM
     QUANT: 0 float weights; 8 int8, (W - zero point) * scale per row; 4 int4 in groups of GROUP (_dot_tile).
     With PDL the first weight tiles are loaded before waiting for the previous kernel, which never writes weights:
     the load overlaps that kernel's tail. Each tile after is loaded one step ahead of its use."""
-    w, s, z = _w_tile(w_ptr, s_ptr, z_ptr, rows, 0, K, QUANT, GROUP, GROUP, BLOCK_K)
+    w, s, z = _w_tile(w_ptr, s_ptr, z_ptr, rows, 0, K, QUANT, GROUP, BLOCK_K)
     w2, s2, z2 = w, s, z
     if TWO:
-        w2, s2, z2 = _w_tile(w_ptr, s_ptr, z_ptr, rows2, 0, K, QUANT, GROUP, GROUP, BLOCK_K)
+        w2, s2, z2 = _w_tile(w_ptr, s_ptr, z_ptr, rows2, 0, K, QUANT, GROUP, BLOCK_K)
     scale = 1.0
     zero = 0.0
     scale2 = 1.0
@@ -216,9 +214,9 @@ def _gemv(x_row, g_ptr, stat_row, w_ptr, s_ptr, z_ptr, rows, rows2, K, eps, NORM
         if TWO:
             acc2 += _dot_tile(w2, s2, z2, x, QUANT, GROUP, BLOCK_K)
         xsum += x
-        w, s, z = _w_tile(w_ptr, s_ptr, z_ptr, rows, k0 + BLOCK_K, K, QUANT, GROUP, GROUP, BLOCK_K)
+        w, s, z = _w_tile(w_ptr, s_ptr, z_ptr, rows, k0 + BLOCK_K, K, QUANT, GROUP, BLOCK_K)
         if TWO:
-            w2, s2, z2 = _w_tile(w_ptr, s_ptr, z_ptr, rows2, k0 + BLOCK_K, K, QUANT, GROUP, GROUP, BLOCK_K)
+            w2, s2, z2 = _w_tile(w_ptr, s_ptr, z_ptr, rows2, k0 + BLOCK_K, K, QUANT, GROUP, BLOCK_K)
     y = tl.sum(acc, 1)
     y2 = tl.sum(acc2, 1)
     if QUANT == 8:
@@ -229,20 +227,12 @@ def _gemv(x_row, g_ptr, stat_row, w_ptr, s_ptr, z_ptr, rows, rows2, K, eps, NORM
 
 
 @triton.jit
-def _silu_mul(gate, up, dt: tl.constexpr):
-    """silu(gate) * up as FeedForward computes it in dt: each of the three results rounded."""
-    gate = _round(gate, dt)
-    return _round(gate / (1.0 + tl.exp(-gate)), dt) * _round(up, dt)
-
-
-@triton.jit
-def _linear_kernel(x_ptr, g_ptr, stat_ptr, w_ptr, s_ptr, z_ptr, res_ptr, out_ptr, acc_ptr, N, K, eps,
+def _linear_kernel(x_ptr, g_ptr, stat_ptr, w_ptr, s_ptr, z_ptr, res_ptr, out_ptr, N, K, eps,
                    NORM: tl.constexpr, COMBINE: tl.constexpr, SPLITS: tl.constexpr, HEAD_DIM: tl.constexpr,
-                   GATE: tl.constexpr, RES: tl.constexpr, ACC: tl.constexpr, QUANT: tl.constexpr,
-                   GROUP: tl.constexpr, PDL: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+                   GATE: tl.constexpr, RES: tl.constexpr, QUANT: tl.constexpr, GROUP: tl.constexpr,
+                   PDL: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     """out[m, n] = W[n] . x[m] (+ res[m, n]); with GATE, silu(W[n] . x[m]) * (W[N + n] . x[m]). x[m] as _gemv
-    reads it: normed (NORM), or attention's splits combined (COMBINE, the o-proj). With ACC the result also goes
-    to acc (fp32, unrounded): the residual stream the fused MLP adds into."""
+    reads it: normed (NORM), or attention's splits combined (COMBINE, the o-proj)."""
     pid = tl.program_id(0)
     m = tl.program_id(1)
     rows = pid * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -252,45 +242,12 @@ def _linear_kernel(x_ptr, g_ptr, stat_ptr, w_ptr, s_ptr, z_ptr, res_ptr, out_ptr
     y, up = _gemv(x_ptr + m * K * SPLITS, g_ptr, stat_ptr + m * (K // HEAD_DIM) * SPLITS * 2, w_ptr, s_ptr, z_ptr,
                   rows, rows + N, K, eps, NORM, COMBINE, SPLITS, HEAD_DIM, QUANT, GROUP, GATE, PDL, dt, BLOCK_N,
                   BLOCK_K)
+    y = _round(y, dt)
     if GATE:
-        y = _silu_mul(y, up, dt)
-    else:
-        y = _round(y, dt)
+        y = _round(y / (1.0 + tl.exp(-y)), dt) * _round(up, dt)
     if RES:
         y = y + tl.load(res_ptr + m * N + rows, mask=keep, other=0.0).to(tl.float32)
     tl.store(out_ptr + m * N + rows, y.to(dt), mask=keep)
-    if ACC:
-        tl.store(acc_ptr + m * N + rows, y, mask=keep)
-
-
-@triton.jit
-def _mlp_kernel(x_ptr, g_ptr, w_ptr, s_ptr, z_ptr, w2_ptr, s2_ptr, z2_ptr, acc_ptr, N, K, eps,
-                QUANT: tl.constexpr, GROUP: tl.constexpr, QUANT2: tl.constexpr, GROUP2: tl.constexpr,
-                SUB2: tl.constexpr, PDL: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                BLOCK_D: tl.constexpr):
-    """The feed-forward block in one launch, split over its N hidden rows: this program's BLOCK_N rows
-    a = silu(W1 . norm(x[m])) * (W3 . norm(x[m])), then their share of the down-proj, W2[:, rows] . a, added into
-    acc[m] (K wide, fp32, holding the residual) by atomic adds. The first W2 tile is loaded before the wait."""
-    pid = tl.program_id(0)
-    m = tl.program_id(1)
-    rows = pid * BLOCK_N + tl.arange(0, BLOCK_N)
-    keep = rows < N
-    rows = tl.where(keep, rows, 0)
-    dt: tl.constexpr = x_ptr.dtype.element_ty
-    dd = tl.arange(0, BLOCK_D)
-    outs = tl.where(dd < K, dd, 0)
-    w2, s2, z2 = _w_tile(w2_ptr, s2_ptr, z2_ptr, outs, pid * BLOCK_N, N, QUANT2, GROUP2, SUB2, BLOCK_N)
-    gate, up = _gemv(x_ptr + m * K, g_ptr, x_ptr, w_ptr, s_ptr, z_ptr, rows, rows + N, K, eps, True, False, 1, 1,
-                     QUANT, GROUP, True, PDL, dt, BLOCK_N, BLOCK_K)
-    a = tl.where(keep, _round(_silu_mul(gate, up, dt), dt), 0.0)  # (BLOCK_N,): FeedForward's w2 input, in dt
-    total = tl.sum(a, 0)
-    for d0 in range(0, K, BLOCK_D):
-        part = tl.sum(_dot_tile(w2, s2, z2, a, QUANT2, SUB2, BLOCK_N), 1)  # (BLOCK_D,)
-        if QUANT2 == 8:  # per output row: (W - zero) * scale
-            part = (part - tl.load(z2_ptr + outs).to(tl.float32) * total) * tl.load(s2_ptr + outs).to(tl.float32)
-        tl.atomic_add(acc_ptr + m * K + d0 + dd, part, mask=d0 + dd < K, sem="relaxed")
-        outs = tl.where(d0 + BLOCK_D + dd < K, d0 + BLOCK_D + dd, 0)
-        w2, s2, z2 = _w_tile(w2_ptr, s2_ptr, z2_ptr, outs, pid * BLOCK_N, N, QUANT2, GROUP2, SUB2, BLOCK_N)
 
 
 @triton.jit
@@ -482,8 +439,6 @@ CONFIGS = {
     "linear": dict(block_n=2, block_k=1024, warps=4),  # down-proj, code heads
     "oproj": dict(block_n=8, block_k=1024, warps=8),  # o-proj, combining attention's runs
     "gate": dict(block_n=4, block_k=512, warps=2),  # gate/up with SiLU
-    # gate/up and down in one launch (fused), the down-proj split over the hidden rows and added up atomically
-    "mlp": dict(fused=True, block_n=16, block_k=256, block_d=256, warps=4),
     "qkv": dict(pairs=2, block_k=1024, warps=2),
     "attention": dict(splits=32, block_s=32, warps=1),
     "sample": dict(warps=4),
@@ -523,10 +478,9 @@ def _launch_weight(weight: Tensor) -> tuple[list, dict]:
 
 
 def linear(x: Tensor | Partials, weight: Tensor, norm: RMSNorm | None = None, residual: Tensor | None = None,
-           gate: bool = False, acc: Tensor | None = None) -> Tensor:
+           gate: bool = False) -> Tensor:
     """x (M, K), weight (N, K) or, with gate, (2N, K) -> (M, N): (residual +) norm(x) @ weight.T, or
-    silu(norm(x) @ W_gate.T) * (norm(x) @ W_up.T). x may be attention's Partials (the o-proj): combined here.
-    acc (M, N) fp32, if given, gets the result too, unrounded (for mlp())."""
+    silu(norm(x) @ W_gate.T) * (norm(x) @ W_up.T). x may be attention's Partials (the o-proj): combined here."""
     combine = isinstance(x, Partials)
     c = CONFIGS["oproj" if combine else "gate" if gate else "linear"]
     if combine:
@@ -540,29 +494,10 @@ def linear(x: Tensor | Partials, weight: Tensor, norm: RMSNorm | None = None, re
     block_k = _block_k(K, max(c["block_k"], hd, w_opts["GROUP"]))
     _linear_kernel[(triton.cdiv(N, c["block_n"]), M)](
         x_data, norm.weight if norm is not None else x_data, stat, *w_args,
-        residual if residual is not None else x_data, out, acc if acc is not None else out, N, K,
-        norm.eps if norm is not None else 0.0, NORM=norm is not None, COMBINE=combine, SPLITS=splits, HEAD_DIM=hd,
-        GATE=gate, RES=residual is not None, ACC=acc is not None, BLOCK_N=c["block_n"], BLOCK_K=block_k, num_warps=c["warps"], **w_opts, **_pdl(x_data.device))
+        residual if residual is not None else x_data, out, N, K, norm.eps if norm is not None else 0.0,
+        NORM=norm is not None, COMBINE=combine, SPLITS=splits, HEAD_DIM=hd, GATE=gate, RES=residual is not None,
+        BLOCK_N=c["block_n"], BLOCK_K=block_k, num_warps=c["warps"], **w_opts, **_pdl(x_data.device))
     return out
-
-
-def mlp(h: Tensor, layer: Block, acc: Tensor) -> None:
-    """acc (M, D) fp32 += layer's FeedForward(ffn_norm(h)) for h (M, D): one launch (_mlp_kernel)."""
-    M, D = h.shape
-    ffn, c = layer.feed_forward, CONFIGS["mlp"]
-    w_args, w_opts = _launch_weight(ffn.w13.weight)
-    w2_args, w2_opts = _launch_weight(ffn.w2.weight)
-    N = ffn.w2.weight.shape[1]
-    block_n = c["block_n"]
-    if w2_opts["QUANT"] == 4 and not (block_n % w2_opts["GROUP"] == 0 or w2_opts["GROUP"] % block_n == 0):
-        raise ValueError(f"CONFIGS['mlp']['block_n'] {block_n} must divide int4's group {w2_opts['GROUP']} or be a "
-                         "multiple of it")
-    _mlp_kernel[(triton.cdiv(N, block_n), M)](
-        h, layer.ffn_norm.weight, *w_args, *w2_args, acc, N, D, layer.ffn_norm.eps, QUANT=w_opts["QUANT"],
-        GROUP=w_opts["GROUP"], QUANT2=w2_opts["QUANT"], GROUP2=w2_opts["GROUP"],
-        SUB2=min(w2_opts["GROUP"], block_n) if w2_opts["QUANT"] == 4 else 1, BLOCK_N=block_n,
-        BLOCK_K=_block_k(D, max(c["block_k"], w_opts["GROUP"])), BLOCK_D=_block_k(D, c["block_d"]),
-        num_warps=c["warps"], **_pdl(h.device))
 
 
 def attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, key_valid: Tensor, slot: Tensor) -> Partials:
@@ -585,7 +520,7 @@ def qkv_rope(h: Tensor, layer: Block, inv_freq: Tensor, rope_pos: Tensor, slot: 
     H, hd = att.heads, att.head_dim
     c = CONFIGS["qkv"]
     pairs = min(c["pairs"], hd // 2)
-    q = torch.empty(M, H, hd, dtype=cache.k.dtype, device=h.device)  # h may be the fp32 residual stream
+    q = torch.empty(M, H, hd, dtype=cache.k.dtype, device=h.device)
     w_args, w_opts = _launch_weight(att.wqkv.weight)
     _qkv_rope_kernel[(3 * H * hd // 2 // pairs, M)](
         h, layer.attention_norm.weight, *w_args, inv_freq, rope_pos, slot, q, cache.k, cache.v, D, H,
@@ -595,7 +530,7 @@ def qkv_rope(h: Tensor, layer: Block, inv_freq: Tensor, rope_pos: Tensor, slot: 
 
 
 def rmsnorm(x: Tensor, norm: RMSNorm, out: Tensor | None = None) -> Tensor:
-    """norm(x) for x (M, K), into out if given (contiguous, x's shape; its dtype is the result's)."""
+    """norm(x) for x (M, K), into out if given (contiguous, x's shape and dtype)."""
     M, K = x.shape
     out = torch.empty_like(x) if out is None else out
     _rmsnorm_kernel[(M,)](x, norm.weight, out, K, norm.eps, BLOCK_K=_block_k(K, 1024), **_pdl(x.device))
@@ -607,20 +542,13 @@ def decode_forward(gpt: GPT, x: Tensor, input_pos: Tensor, rope_pos: Tensor, out
     rope_pos (B, 1) -> final-norm hidden (B, 1, D), written into out (B, D) if given; writes the cache slot like the
     PyTorch path."""
     h = x[:, 0].contiguous()
-    fused = CONFIGS["mlp"]["fused"]
-    acc = torch.empty(h.shape, dtype=torch.float32, device=h.device) if fused else None  # the fp32 residual stream
     for layer in gpt.layers:
         att, ffn, cache = layer.attention, layer.feed_forward, layer.attention.kv_cache
         y = attention(qkv_rope(h, layer, gpt.inv_freq, rope_pos, input_pos), cache.k, cache.v, gpt.key_valid,
                       input_pos)
-        if fused:
-            mlp(linear(y, att.wo.weight, residual=h, acc=acc), layer, acc)
-            h = acc
-        else:
-            h = linear(y, att.wo.weight, residual=h)
-            h = linear(linear(h, ffn.w13.weight, norm=layer.ffn_norm, gate=True), ffn.w2.weight, residual=h)
-    return rmsnorm(h, gpt.norm, out if out is not None else torch.empty(x[:, 0].shape, dtype=x.dtype,
-                                                                         device=x.device))[:, None]
+        h = linear(y, att.wo.weight, residual=h)
+        h = linear(linear(h, ffn.w13.weight, norm=layer.ffn_norm, gate=True), ffn.w2.weight, residual=h)
+    return rmsnorm(h, gpt.norm, out)[:, None]
 
 
 def fused_sampling(gpt: GPT, p: SamplingParams) -> bool:
