@@ -2,13 +2,20 @@
 
 Prints the kernels that take the most device time per step and writes a Chrome trace (open it in Perfetto).
 For the GPU-engine issue: run it at batch 1 and 64 before changing the engine, and again after.
+With the Triton kernels' dependent launches, kernels overlap, so summed device times overstate the step; the
+timeline (timeline.txt, or --timeline TRACE for a saved trace) gives the wall-clock view instead: the median step,
+and per kernel the median time from the previous kernel's end to its own end. A dependent launch starts early and
+waits, and ends after the kernel before it, so that is what it adds to the step.
 
     python3 benchmarks/profile_step.py --precision bf16 --batch 64 --variant step --out /tmp/prof [--device cuda]
+    python3 benchmarks/profile_step.py --timeline /tmp/prof/trace.json --out /tmp/prof
 """
 from __future__ import annotations
 
 import argparse
 import copy
+import json
+import statistics
 import sys
 from pathlib import Path
 
@@ -24,6 +31,30 @@ from toolkit.precision import quantize  # noqa: E402
 from toolkit.sampling import SamplingParams  # noqa: E402
 
 
+def timeline(trace: Path, first: str = "_sample_feed_kernel", skip: int = 10, steps: int = 30) -> str:
+    """The wall-clock view of a decode loop's trace: steps delimited by the kernel named `first` (the step's first
+    launch), `steps` of them after `skip`; per kernel name, its launches per step, the medians of the time from the
+    previous kernel's end to its end and of its own duration, and the first summed per step (microseconds)."""
+    events = sorted((e for e in json.loads(trace.read_text())["traceEvents"]
+                     if e.get("ph") == "X" and e.get("cat") == "kernel"), key=lambda e: e["ts"])
+    starts = [i for i, e in enumerate(events) if e["name"].startswith(first)][skip: skip + steps + 1]
+    if len(starts) < 2:
+        raise SystemExit(f"{trace}: fewer than {skip + 2} launches of {first}; profile more --steps")
+    per: dict[str, list[tuple[float, float]]] = {}
+    for a, b in zip(starts, starts[1:]):
+        for prev, e in zip(events[a - 1: b - 1], events[a:b]):
+            per.setdefault(e["name"][:40], []).append((e["ts"] + e["dur"] - prev["ts"] - prev["dur"], e["dur"]))
+    n = len(starts) - 1
+    lines = [f"{trace}: {n} steps, median step {statistics.median(events[b]['ts'] - events[a]['ts'] for a, b in zip(starts, starts[1:])):.1f} us, "
+             f"{(starts[-1] - starts[0]) / n:.0f} kernels per step",
+             f"{'kernel':40} {'per step':>8} {'end to end us':>13} {'duration us':>11} {'us per step':>11}"]
+    for name, v in sorted(per.items(), key=lambda kv: -sum(x for x, _ in kv[1])):
+        gap = statistics.median(x for x, _ in v)
+        lines.append(f"{name:40} {len(v) / n:8.0f} {gap:13.2f} {statistics.median(d for _, d in v):11.2f} "
+                     f"{sum(x for x, _ in v) / n:11.1f}")
+    return "\n".join(lines) + "\n"
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--precision", default="bf16")
@@ -35,8 +66,14 @@ def main(argv=None) -> int:
     ap.add_argument("--dims", choices=("chattts", "tiny"), default="chattts")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--top", type=int, default=25)
-    ap.add_argument("--out", type=Path, required=True, help="folder for trace.json and top.txt")
+    ap.add_argument("--timeline", type=Path, default=None, help="only summarise this saved trace.json (timeline.txt)")
+    ap.add_argument("--out", type=Path, required=True, help="folder for trace.json, top.txt and timeline.txt")
     a = ap.parse_args(argv)
+    if a.timeline:
+        a.out.mkdir(parents=True, exist_ok=True)
+        (a.out / "timeline.txt").write_text(text := timeline(a.timeline))
+        print(text)
+        return 0
     dev = torch.device(a.device)
     model = copy.deepcopy(random_model(a.dims, dev))
     quantize(model, a.precision, device=dev)
@@ -63,6 +100,9 @@ def main(argv=None) -> int:
     (a.out / "top.txt").write_text(head + "\n" + table)
     print(head)
     print(table)
+    if dev.type == "cuda" and not a.no_graphs and a.variant.startswith("kernels"):
+        (a.out / "timeline.txt").write_text(text := timeline(a.out / "trace.json"))
+        print(text)
     return 0
 
 
