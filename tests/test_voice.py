@@ -161,6 +161,9 @@ def test_gpt_resumes_from_the_shipped_voice_on_a_codes_pack(tmp_path):
     rebuilt = sub_state(load_state(tmp_path / "ckpt", "gpt")[0], "gpt.")
     for k, v in shipped.gpt.state_dict().items():
         torch.testing.assert_close(rebuilt[k], v, rtol=1e-3, atol=1e-3)  # stored in fp16
+    checkpoints_from_voice(SHIPPED, ENCODER, tmp_path / "ckpt32", torch.float32)  # what a frozen part must keep
+    exact = sub_state(load_state(tmp_path / "ckpt32", "vocos")[0], "")
+    assert all(torch.equal(exact[k], v) for k, v in shipped.vocos.state_dict().items())
     main(["--data", str(tmp_path / "corpus" / "pack"), "--resume", str(tmp_path / "ckpt"), "--stages", "gpt",
           "--out", str(tmp_path / "run"), "--gpt-steps", "1", "--gpt-batch", "4", "--device", "cpu",
           "--save-every", "0", "--eos-weight", "4"])

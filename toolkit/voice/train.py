@@ -704,9 +704,10 @@ def save_encoder(resume: Path, folder: Path) -> Path:
     return out
 
 
-def checkpoints_from_voice(model_dir: Path, encoder: Path, out: Path) -> None:
-    """Rebuild a run's gpt/dvae/vocos checkpoints (fp16, so they travel light) from a ttsq voice folder and its DVAE
-    encoder, so that training resumes from the shipped voice (run checkpoints are not kept in the repository)."""
+def checkpoints_from_voice(model_dir: Path, encoder: Path, out: Path, dtype: torch.dtype = torch.float16) -> None:
+    """Rebuild a run's gpt/dvae/vocos checkpoints (fp16 by default, so they travel light; float32 keeps the parts a
+    run leaves frozen exactly as shipped) from a ttsq voice folder and its DVAE encoder, so that training resumes
+    from the shipped voice (run checkpoints are not kept in the repository)."""
     from safetensors.torch import load_file
 
     from ..checkpoint import load_ttsq
@@ -716,12 +717,12 @@ def checkpoints_from_voice(model_dir: Path, encoder: Path, out: Path) -> None:
     table = torch.stack([model.voices[name] for name in voice["speakers"]])
     save_state(out, "gpt", {**{f"gpt.{k}": v for k, v in model.gpt.state_dict().items()},
                             **{f"decoder.{k}": v for k, v in model.decoder.state_dict().items()}, "spk_table": table},
-               {"step": steps.get("gpt", 0), "from": str(model_dir)}, torch.float16)
+               {"step": steps.get("gpt", 0), "from": str(model_dir)}, dtype)
     save_state(out, "dvae", {**{f"enc.{k}": v for k, v in load_file(str(encoder)).items()},
                              **{f"dec.{k}": v for k, v in model.dvae.state_dict().items()}},
-               {"step": steps.get("dvae", 0), "from": str(model_dir)}, torch.float16)
+               {"step": steps.get("dvae", 0), "from": str(model_dir)}, dtype)
     save_state(out, "vocos", model.vocos.state_dict(), {"step": steps.get("vocos", 0), "from": str(model_dir)},
-               torch.float16)
+               dtype)
 
 
 # --- main ----------------------------------------------------------------------------------------
@@ -787,6 +788,8 @@ def main(argv=None):
     ap.add_argument("--from-voice", type=Path, default=None, help="write --out's gpt/dvae/vocos checkpoints from "
                     "this ttsq voice folder and the DVAE encoder beside its model card (--encoder), then stop")
     ap.add_argument("--encoder", type=Path, default=Path("docs/voice") / ENCODER_FILE)
+    ap.add_argument("--from-voice-fp32", action="store_true",
+                    help="--from-voice writes float32 (the frozen parts stay exactly as shipped) instead of fp16")
     args = ap.parse_args(argv)
 
     if args.smoke:
@@ -801,7 +804,8 @@ def main(argv=None):
             args.data = args.out / "corpus" / "pack"
         torch.set_num_threads(min(4, os.cpu_count() or 1))
     if args.from_voice:
-        return checkpoints_from_voice(args.from_voice, args.encoder, args.out)
+        return checkpoints_from_voice(args.from_voice, args.encoder, args.out,
+                                      torch.float32 if args.from_voice_fp32 else torch.float16)
     if args.export and not args.stages.strip():
         out = export(args)
         if args.encoder_to:
