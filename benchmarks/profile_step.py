@@ -40,13 +40,14 @@ def timeline(trace: Path, first: str = "_sample_feed_kernel", skip: int = 10, st
     starts = [i for i, e in enumerate(events) if e["name"].startswith(first)][skip: skip + steps + 1]
     if len(starts) < 2:
         raise SystemExit(f"{trace}: fewer than {skip + 2} launches of {first}; profile more --steps")
+    spans = list(zip(starts, starts[1:]))  # each step's first launch and the next step's
     per: dict[str, list[tuple[float, float]]] = {}
-    for a, b in zip(starts, starts[1:]):
+    for a, b in spans:
         for prev, e in zip(events[a - 1: b - 1], events[a:b]):
             per.setdefault(e["name"][:40], []).append((e["ts"] + e["dur"] - prev["ts"] - prev["dur"], e["dur"]))
-    n = len(starts) - 1
-    lines = [f"{trace}: {n} steps, median step {statistics.median(events[b]['ts'] - events[a]['ts'] for a, b in zip(starts, starts[1:])):.1f} us, "
-             f"{(starts[-1] - starts[0]) / n:.0f} kernels per step",
+    n = len(spans)
+    step_us = statistics.median(events[b]["ts"] - events[a]["ts"] for a, b in spans)
+    lines = [f"{trace}: {n} steps, median step {step_us:.1f} us, {(starts[-1] - starts[0]) / n:.0f} kernels per step",
              f"{'kernel':40} {'per step':>8} {'end to end us':>13} {'duration us':>11} {'us per step':>11}"]
     for name, v in sorted(per.items(), key=lambda kv: -sum(x for x, _ in kv[1])):
         gap = statistics.median(x for x, _ in v)
