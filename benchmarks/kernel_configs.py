@@ -56,8 +56,6 @@ def main(argv=None) -> int:
                     "sweep takes about 9 minutes on the H200)")
     ap.add_argument("--sample-warps", default="", help="with --apply: also time the kernels with these warps for "
                     "the sampling launch, e.g. 1,2,8")
-    ap.add_argument("--ffn", default="", help="with --apply: also time the kernels with these settings of the fused "
-                    "feed-forward launch, a JSON list of CONFIGS['ffn'] updates, e.g. '[{\"warps\": 4}]'")
     ap.add_argument("--kernels-only", action="store_true", help="with --apply: leave out the compiled step and the "
                     "kernels without PDL")
     ap.add_argument("--configs", type=Path, help="apply the settings an earlier run chose (its JSON) instead of this "
@@ -145,27 +143,19 @@ def main(argv=None) -> int:
         shipped = applied["sample"]["warps"]
         kernels_on = dict(compile=True, kernels=True)
         for B in map(int, a.batches.split(",")):
-            unfused = dict(fused=False)
-            for variant, opts, pdl, warps, ffn in (
-                    ("step (no kernels)", dict(compile=True, kernels=False), False, shipped, {}),
-                    ("kernels without PDL", kernels_on, False, shipped, {}),
-                    ("kernels, o-proj/gate/down in three launches", kernels_on, True, shipped, unfused),
-                    ("kernels", kernels_on, True, shipped, {}),
-                    *((f"kernels, sampling in {w} warps", kernels_on, True, int(w), {})
-                      for w in filter(None, a.sample_warps.split(","))),
-                    *((f"kernels, ffn {json.dumps(f)}", kernels_on, True, shipped, f)
-                      for f in json.loads(a.ffn or "[]"))):
+            for variant, opts, pdl, warps in (("step (no kernels)", dict(compile=True, kernels=False), False, shipped),
+                                              ("kernels without PDL", kernels_on, False, shipped),
+                                              ("kernels", kernels_on, True, shipped),
+                                              *((f"kernels, sampling in {w} warps", kernels_on, True, int(w))
+                                                for w in filter(None, a.sample_warps.split(",")))):
                 if a.kernels_only and (not opts.get("kernels") or not pdl):
                     continue
                 kernels.CONFIGS["launch"] = dict(pdl=pdl)
                 kernels.CONFIGS["sample"] = dict(warps=warps)
-                kernels.CONFIGS["ffn"] = dict(applied["ffn"], **ffn)
                 torch._dynamo.reset()
-                kernels._FITS.clear()  # so ffn_fused says whether this variant's step ran the fused launch
                 sps = decode_rate(quantized_copy(base, dev, a.precision), B, 470, dev, **opts)
                 steps.append(dict(variant=variant, batch=B, steps_per_s=round(sps, 1),
-                                  audio_s_per_s=round(sps * B / STEPS_PER_S, 1),
-                                  ffn_fused=any(kernels._FITS.values())))
+                                  audio_s_per_s=round(sps * B / STEPS_PER_S, 1)))
                 print(json.dumps(steps[-1]), flush=True)
                 save()
     return 0

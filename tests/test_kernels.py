@@ -31,9 +31,7 @@ def fewer_programs_under_the_interpreter(monkeypatch):
                                                       gate=dict(block_n=16, block_k=64, warps=1),
                                                       qkv=dict(pairs=8, block_k=64, warps=1),
                                                       oproj=dict(block_n=16, block_k=64, warps=1),
-                                                      attention=dict(splits=4, block_s=4, warps=1),
-                                                      ffn=dict(fused=True, block_o=64, block_ko=64, block_g=128,
-                                                               block_kg=64, block_d=64, block_kd=64, warps=1)))
+                                                      attention=dict(splits=4, block_s=4, warps=1)))
 
 
 def odd_widths_gpt() -> GPT:
@@ -51,16 +49,9 @@ def small_vocab_gpt() -> GPT:
     return GPT(cfg).to(DEVICE).eval().requires_grad_(False)
 
 
-@pytest.mark.parametrize("fused_ffn", [True, False])
 @pytest.mark.parametrize("dtype, atol, dims", [(torch.float32, 1e-5, "tiny"), (torch.bfloat16, 0.1, "tiny"),
                                                (torch.float16, 0.02, "tiny"), (torch.float32, 1e-5, "odd")])
-def test_decode_forward_matches_the_pytorch_forward_and_writes_the_same_cache(dtype, atol, dims, fused_ffn,
-                                                                              monkeypatch):
-    """With fused_ffn the o-proj and feed-forward block of each layer run as one launch (ffn_block), else as
-    three."""
-    monkeypatch.setitem(kernels.CONFIGS, "ffn", dict(kernels.CONFIGS["ffn"], fused=fused_ffn))
-    ran, ffn_block = [], kernels.ffn_block
-    monkeypatch.setattr(kernels, "ffn_block", lambda *args: ran.append(ffn_block(*args)) or ran[-1])
+def test_decode_forward_matches_the_pytorch_forward_and_writes_the_same_cache(dtype, atol, dims):
     gpt = (random_model("tiny", DEVICE).gpt if dims == "tiny" else odd_widths_gpt()).to(dtype)
     B, S, slot = 2, 64, 20
     gpt.setup_caches(B, S)
@@ -79,7 +70,6 @@ def test_decode_forward_matches_the_pytorch_forward_and_writes_the_same_cache(dt
         layer.attention.kv_cache.k.copy_(k)
         layer.attention.kv_cache.v.copy_(v)
     got = kernels.decode_forward(gpt, x, pos, rope)
-    assert [r is not None for r in ran] == [fused_ffn] * len(gpt.layers)
     assert got.shape == want.shape and got.dtype == want.dtype
     torch.testing.assert_close(got.float(), want.float(), atol=atol, rtol=0)
     for layer, (k, v) in zip(gpt.layers, want_cache):

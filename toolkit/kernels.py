@@ -98,12 +98,6 @@ def supports(gpt: GPT) -> bool:
     return d >= 16 and d & (d - 1) == 0
 
 
-# a grid barrier's words (per batch row): the arrivals, then, a 128-byte line apart so that polling it does not
-# slow the arrivals, the rounds completed
-BARRIER_ROUND = tl.constexpr(32)
-BARRIER_WORDS = tl.constexpr(64)
-
-
 @triton.jit
 def _rstd(x_row, K, eps, BLOCK_K: tl.constexpr):
     """1 / RMS of x_row[:K], fp32."""
@@ -136,21 +130,26 @@ def _w_tile(w_ptr, s_ptr, z_ptr, rows, k0, K, QUANT: tl.constexpr, GROUP: tl.con
         return w, s, z
     else:
         ks = k0 + tl.arange(0, BLOCK_K)
-        return tl.load(w_ptr + rows[:, None] * K + ks[None, :], mask=(ks < K)[None, :], other=0), 0.0, 0.0
+        w = tl.load(w_ptr + rows[:, None] * K + ks[None, :], mask=(ks < K)[None, :], other=0)
+        if QUANT == 8:  # one scale and zero point per row
+            return w, tl.load(s_ptr + rows), tl.load(z_ptr + rows)
+        else:
+            return w, 0.0, 0.0
 
 
 @triton.jit
-def _dot_tile(w, s, z, x, QUANT: tl.constexpr, GROUP: tl.constexpr, BLOCK_K: tl.constexpr):
-    """w (a _w_tile) times x (BLOCK_K,) fp32 -> (BLOCK_N, BLOCK_K // GROUP) fp32 partial sums; int4 is dequantized as
-    torchao's tinygemm layout means it, (q - 8) * scale + zero, one scale and zero per group of GROUP columns."""
+def _dequantize(w, s, z, QUANT: tl.constexpr, GROUP: tl.constexpr, BLOCK_K: tl.constexpr):
+    """A _w_tile as fp32 weights (BLOCK_N, BLOCK_K): int8 (w - zero) * scale per row; int4 as torchao's tinygemm
+    layout means it, (q - 8) * scale + zero, one scale and zero per group of GROUP columns."""
     if QUANT == 4:
         BLOCK_N: tl.constexpr = w.shape[0]
-        q = tl.reshape(tl.join(w & 15, w >> 4), (BLOCK_N, BLOCK_K)).to(tl.float32) - 8.0
-        qx = tl.sum(tl.reshape(q * x[None, :], (BLOCK_N, BLOCK_K // GROUP, GROUP)), 2)
-        xg = tl.sum(tl.reshape(x, (BLOCK_K // GROUP, GROUP)), 1)
-        return qx * s.to(tl.float32) + z.to(tl.float32) * xg[None, :]
+        q = tl.reshape(tl.join(w & 15, w >> 4), (BLOCK_N, BLOCK_K // GROUP, GROUP)).to(tl.float32) - 8.0
+        q = q * s.to(tl.float32)[:, :, None] + z.to(tl.float32)[:, :, None]
+        return tl.reshape(q, (BLOCK_N, BLOCK_K))
+    elif QUANT == 8:
+        return (w.to(tl.float32) - z.to(tl.float32)[:, None]) * s.to(tl.float32)[:, None]
     else:
-        return w.to(tl.float32) * x[None, :]
+        return w.to(tl.float32)
 
 
 @triton.jit
@@ -185,111 +184,42 @@ def _x_tile(x_row, g_ptr, stat_row, k0, K, rstd, NORM: tl.constexpr, COMBINE: tl
 def _gemv(x_row, g_ptr, stat_row, w_ptr, s_ptr, z_ptr, rows, rows2, K, eps, NORM: tl.constexpr,
           COMBINE: tl.constexpr, SPLITS: tl.constexpr, HEAD_DIM: tl.constexpr, QUANT: tl.constexpr,
           GROUP: tl.constexpr, TWO: tl.constexpr, PDL: tl.constexpr, dt: tl.constexpr, BLOCK_N: tl.constexpr,
-          BLOCK_K: tl.constexpr, bar_ptr=None, gen=0, BARRIER: tl.constexpr = False, ASM: tl.constexpr = False):
+          BLOCK_K: tl.constexpr):
     """(W[rows] . x, W[rows2] . x) as fp32 (BLOCK_N,) each, the second only when TWO (gate and up, or a rotary
     pair's halves: x is loaded and normalised once for both); x as _x_tile gives it (NORM, COMBINE), rounded to dt.
-    QUANT: 0 float weights; 8 int8, (W - zero point) * scale per row; 4 int4 in groups of GROUP (_dot_tile).
-    With PDL the first weight tiles are loaded before waiting for the previous kernel, which never writes weights:
-    the load overlaps that kernel's tail; with BARRIER they are loaded before waiting for the grid barrier's round
-    `gen` (_grid_arrive) instead. Each tile after is loaded one step ahead of its use."""
+    QUANT: 0 float weights; 8 int8, (W - zero point) * scale per row; 4 int4 in groups of GROUP (_dequantize).
+    With PDL the first weight tiles are loaded and dequantized before waiting for the previous kernel, which never
+    writes weights: both overlap that kernel's tail, and after the wait only the products with x are left."""
     w, s, z = _w_tile(w_ptr, s_ptr, z_ptr, rows, 0, K, QUANT, GROUP, BLOCK_K)
-    w2, s2, z2 = w, s, z
+    w = _dequantize(w, s, z, QUANT, GROUP, BLOCK_K)
+    w2 = w
     if TWO:
         w2, s2, z2 = _w_tile(w_ptr, s_ptr, z_ptr, rows2, 0, K, QUANT, GROUP, BLOCK_K)
-    scale = 1.0
-    zero = 0.0
-    scale2 = 1.0
-    zero2 = 0.0
-    if QUANT == 8:  # loaded with the first tiles, not after the loop: no memory round trip at the end
-        scale = tl.load(s_ptr + rows).to(tl.float32)
-        zero = tl.load(z_ptr + rows).to(tl.float32)
-        if TWO:
-            scale2 = tl.load(s_ptr + rows2).to(tl.float32)
-            zero2 = tl.load(z_ptr + rows2).to(tl.float32)
-    if BARRIER:
-        _grid_wait(bar_ptr, gen, ASM)
-    elif PDL:
+        w2 = _dequantize(w2, s2, z2, QUANT, GROUP, BLOCK_K)
+    if PDL:
         gdc_wait()
         gdc_launch_dependents()
     rstd = 1.0
     if NORM:
         rstd = _rstd(x_row, K, eps, BLOCK_K)
-    acc = tl.zeros((BLOCK_N, BLOCK_K // GROUP), tl.float32)
-    acc2 = tl.zeros((BLOCK_N, BLOCK_K // GROUP), tl.float32)
-    xsum = tl.zeros((BLOCK_K,), tl.float32)  # int8: sum(x), for the zero points
-    for k0 in range(0, K, BLOCK_K):
+    x = _x_tile(x_row, g_ptr, stat_row, 0, K, rstd, NORM, COMBINE, SPLITS, HEAD_DIM, dt, BLOCK_K)
+    acc = w * x[None, :]
+    acc2 = w2 * x[None, :]
+    w, s, z = _w_tile(w_ptr, s_ptr, z_ptr, rows, BLOCK_K, K, QUANT, GROUP, BLOCK_K)
+    w2, s2, z2 = w, s, z
+    if TWO:
+        w2, s2, z2 = _w_tile(w_ptr, s_ptr, z_ptr, rows2, BLOCK_K, K, QUANT, GROUP, BLOCK_K)
+    for k0 in range(BLOCK_K, K, BLOCK_K):  # tiles after the first: each loaded one step ahead of its use
         x = _x_tile(x_row, g_ptr, stat_row, k0, K, rstd, NORM, COMBINE, SPLITS, HEAD_DIM, dt, BLOCK_K)
-        acc += _dot_tile(w, s, z, x, QUANT, GROUP, BLOCK_K)
+        acc += _dequantize(w, s, z, QUANT, GROUP, BLOCK_K) * x[None, :]
         if TWO:
-            acc2 += _dot_tile(w2, s2, z2, x, QUANT, GROUP, BLOCK_K)
-        xsum += x
+            acc2 += _dequantize(w2, s2, z2, QUANT, GROUP, BLOCK_K) * x[None, :]
         w, s, z = _w_tile(w_ptr, s_ptr, z_ptr, rows, k0 + BLOCK_K, K, QUANT, GROUP, BLOCK_K)
         if TWO:
             w2, s2, z2 = _w_tile(w_ptr, s_ptr, z_ptr, rows2, k0 + BLOCK_K, K, QUANT, GROUP, BLOCK_K)
     y = tl.sum(acc, 1)
     y2 = tl.sum(acc2, 1)
-    if QUANT == 8:
-        total = tl.sum(xsum, 0)
-        y = (y - zero * total) * scale
-        y2 = (y2 - zero2 * total) * scale2
     return y, y2
-
-
-@triton.jit
-def _load_gpu(ptr, SEM: tl.constexpr, ASM: tl.constexpr):
-    """*ptr (int32) as a plain load at GPU scope, SEM "relaxed" or "acquire": programs polling one address do not
-    queue on it as atomics would (a first try spun on atomic_add(ptr, 0): 100 us a barrier). The interpreter has
-    no PTX: an atomic there."""
-    if ASM:
-        return tl.inline_asm_elementwise("ld.global." + SEM + ".gpu.b32 $0, [$1];", "=r,l", [ptr], dtype=tl.int32,
-                                         is_pure=False, pack=1)
-    else:
-        return tl.atomic_add(ptr, 0, sem="acquire", scope="gpu")
-
-
-@triton.jit
-def _grid_arrive(bar_ptr, programs, ASM: tl.constexpr):
-    """Arrive at a barrier of `programs` programs (bar_ptr: the arrivals this round, and BARRIER_ROUND int32s on,
-    the rounds completed; zeroed once): returns the round to wait out (_grid_wait). The last to arrive resets the
-    count and ends the round, so the barrier serves any number of rounds and launches without a reset. Only for
-    programs that are all resident at once (ffn_block checks)."""
-    tl.debug_barrier()  # every thread's stores are issued before the program arrives
-    gen = _load_gpu(bar_ptr + BARRIER_ROUND, "relaxed", ASM)  # read before arriving, so this round's
-    if tl.atomic_add(bar_ptr, 1, sem="acq_rel", scope="gpu") == programs - 1:
-        tl.atomic_xchg(bar_ptr, 0, sem="relaxed", scope="gpu")
-        tl.atomic_add(bar_ptr + BARRIER_ROUND, 1, sem="release", scope="gpu")
-    return gen
-
-
-@triton.jit
-def _grid_wait(bar_ptr, gen, ASM: tl.constexpr):
-    """Wait until round `gen` of the barrier at bar_ptr has ended: every program's stores before it are visible."""
-    while _load_gpu(bar_ptr + BARRIER_ROUND, "relaxed", ASM) == gen:  # relaxed: an acquire load empties L1
-        pass
-    _load_gpu(bar_ptr + BARRIER_ROUND, "acquire", ASM)  # once: the other programs' stores are seen after it
-    tl.debug_barrier()
-
-
-@triton.jit
-def _linear_rows(pid, m, x_ptr, g_ptr, stat_ptr, w_ptr, s_ptr, z_ptr, res_ptr, out_ptr, N, K, eps,
-                 NORM: tl.constexpr, COMBINE: tl.constexpr, SPLITS: tl.constexpr, HEAD_DIM: tl.constexpr,
-                 GATE: tl.constexpr, RES: tl.constexpr, QUANT: tl.constexpr, GROUP: tl.constexpr,
-                 PDL: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, bar_ptr=None, gen=0,
-                 BARRIER: tl.constexpr = False, ASM: tl.constexpr = False):
-    """_linear_kernel's work for rows [pid * BLOCK_N, (pid + 1) * BLOCK_N) of batch row m."""
-    rows = pid * BLOCK_N + tl.arange(0, BLOCK_N)
-    keep = rows < N
-    rows = tl.where(keep, rows, 0)
-    dt: tl.constexpr = out_ptr.dtype.element_ty
-    y, up = _gemv(x_ptr + m * K * SPLITS, g_ptr, stat_ptr + m * (K // HEAD_DIM) * SPLITS * 2, w_ptr, s_ptr, z_ptr,
-                  rows, rows + N, K, eps, NORM, COMBINE, SPLITS, HEAD_DIM, QUANT, GROUP, GATE, PDL, dt, BLOCK_N,
-                  BLOCK_K, bar_ptr, gen, BARRIER, ASM)
-    y = _round(y, dt)
-    if GATE:
-        y = _round(y / (1.0 + tl.exp(-y)), dt) * _round(up, dt)
-    if RES:
-        y = y + tl.load(res_ptr + m * N + rows, mask=keep, other=0.0).to(tl.float32)
-    tl.store(out_ptr + m * N + rows, y.to(dt), mask=keep)
 
 
 @triton.jit
@@ -299,41 +229,21 @@ def _linear_kernel(x_ptr, g_ptr, stat_ptr, w_ptr, s_ptr, z_ptr, res_ptr, out_ptr
                    PDL: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     """out[m, n] = W[n] . x[m] (+ res[m, n]); with GATE, silu(W[n] . x[m]) * (W[N + n] . x[m]). x[m] as _gemv
     reads it: normed (NORM), or attention's splits combined (COMBINE, the o-proj)."""
-    _linear_rows(tl.program_id(0), tl.program_id(1), x_ptr, g_ptr, stat_ptr, w_ptr, s_ptr, z_ptr, res_ptr, out_ptr,
-                 N, K, eps, NORM, COMBINE, SPLITS, HEAD_DIM, GATE, RES, QUANT, GROUP, PDL, BLOCK_N, BLOCK_K)
-
-
-@triton.jit
-def _ffn_block_kernel(part_ptr, stat_ptr, wo_ptr, wo_s, wo_z, h_ptr, h1_ptr, norm_ptr, w13_ptr, w13_s, w13_z,
-                      act_ptr, w2_ptr, w2_s, w2_z, out_ptr, bar_ptr, D, I, eps, SPLITS: tl.constexpr,
-                      HEAD_DIM: tl.constexpr, QUANT_O: tl.constexpr, GROUP_O: tl.constexpr, QUANT_G: tl.constexpr,
-                      GROUP_G: tl.constexpr, QUANT_D: tl.constexpr, GROUP_D: tl.constexpr, PDL: tl.constexpr,
-                      BLOCK_O: tl.constexpr, BLOCK_KO: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_KG: tl.constexpr,
-                      BLOCK_D: tl.constexpr, BLOCK_KD: tl.constexpr, ASM: tl.constexpr):
-    """The three launches after attention in one, its phases parted by a grid barrier instead of kernel ends:
-    h1 = h + o-proj(attention's runs combined); act = silu(gate) * up of norm(h1); out = h1 + down(act). Each
-    program takes its rows of every phase (none where a phase has fewer blocks than the grid has programs) and
-    loads a phase's first weight tile before waiting for the phase before, as a PDL launch does."""
     pid = tl.program_id(0)
     m = tl.program_id(1)
-    programs = tl.num_programs(0)
-    bar = bar_ptr + m * BARRIER_WORDS
-    if pid * BLOCK_O < D:
-        _linear_rows(pid, m, part_ptr, part_ptr, stat_ptr, wo_ptr, wo_s, wo_z, h_ptr, h1_ptr, D, D, 0.0, False, True,
-                     SPLITS, HEAD_DIM, False, True, QUANT_O, GROUP_O, PDL, BLOCK_O, BLOCK_KO)
-    elif PDL:
-        gdc_wait()
-        gdc_launch_dependents()
-    gen = _grid_arrive(bar, programs, ASM)
-    if pid * BLOCK_G < I:
-        _linear_rows(pid, m, h1_ptr, norm_ptr, h1_ptr, w13_ptr, w13_s, w13_z, h1_ptr, act_ptr, I, D, eps, True, False,
-                     1, 1, True, False, QUANT_G, GROUP_G, False, BLOCK_G, BLOCK_KG, bar, gen, True, ASM)
-    else:  # each round waited out before the next arrival, or that arrival would count towards this round
-        _grid_wait(bar, gen, ASM)
-    gen = _grid_arrive(bar, programs, ASM)
-    if pid * BLOCK_D < D:
-        _linear_rows(pid, m, act_ptr, act_ptr, act_ptr, w2_ptr, w2_s, w2_z, h1_ptr, out_ptr, D, I, 0.0, False, False,
-                     1, 1, False, True, QUANT_D, GROUP_D, False, BLOCK_D, BLOCK_KD, bar, gen, True, ASM)
+    rows = pid * BLOCK_N + tl.arange(0, BLOCK_N)
+    keep = rows < N
+    rows = tl.where(keep, rows, 0)
+    dt: tl.constexpr = out_ptr.dtype.element_ty
+    y, up = _gemv(x_ptr + m * K * SPLITS, g_ptr, stat_ptr + m * (K // HEAD_DIM) * SPLITS * 2, w_ptr, s_ptr, z_ptr,
+                  rows, rows + N, K, eps, NORM, COMBINE, SPLITS, HEAD_DIM, QUANT, GROUP, GATE, PDL, dt, BLOCK_N,
+                  BLOCK_K)
+    y = _round(y, dt)
+    if GATE:
+        y = _round(y / (1.0 + tl.exp(-y)), dt) * _round(up, dt)
+    if RES:
+        y = y + tl.load(res_ptr + m * N + rows, mask=keep, other=0.0).to(tl.float32)
+    tl.store(out_ptr + m * N + rows, y.to(dt), mask=keep)
 
 
 @triton.jit
@@ -529,8 +439,6 @@ CONFIGS = {
     "attention": dict(splits=32, block_s=32, warps=1),
     "sample": dict(warps=4),
     "launch": dict(pdl=True),  # programmatic dependent launch, where the GPU has it (Hopper on)
-    # o-proj, gate/up and down-proj in one launch parted by grid barriers (ffn_block), where its grid fits the GPU
-    "ffn": dict(fused=True, block_o=4, block_ko=128, block_g=16, block_kg=256, block_d=4, block_kd=256, warps=4),
 }
 
 
@@ -588,63 +496,6 @@ def linear(x: Tensor | Partials, weight: Tensor, norm: RMSNorm | None = None, re
     return out
 
 
-def _resident_programs(kernel, device: torch.device) -> int:
-    """How many programs of a compiled kernel the GPU holds at once (registers, shared memory, threads per SM)."""
-    kernel._init_handles()
-    props = torch.cuda.get_device_properties(device)
-    warps = kernel.metadata.num_warps
-    regs_per_warp = -(-kernel.n_regs * 32 // 256) * 256  # allocated per warp in units of 256
-    per_sm = min(32, getattr(props, "max_threads_per_multi_processor", 2048) // (32 * warps),
-                 getattr(props, "regs_per_multiprocessor", 65536) // max(regs_per_warp * warps, 1),
-                 getattr(props, "shared_memory_per_multiprocessor", 1 << 30) // max(kernel.metadata.shared, 1))
-    return per_sm * props.multi_processor_count
-
-
-def ffn_block(y: Partials, layer: Block, h: Tensor) -> Tensor | None:
-    """h (M, D) + o-proj(attention's Partials), then the feed-forward block and its residual, in one launch
-    (_ffn_block_kernel) -> (M, D); None where that launch cannot run: its programs wait for each other at grid
-    barriers, so all of them must be resident at once (checked against the compiled kernel before the first
-    launch; under the interpreter, which runs programs one by one, each batch row must be a single program)."""
-    c = CONFIGS["ffn"]
-    att, ffn = layer.attention, layer.feed_forward
-    M, D = h.shape
-    I = ffn.w2.weight.shape[1]
-    H, splits, hd = y.part.shape[1:]
-    programs = max(triton.cdiv(D, c["block_o"]), triton.cdiv(I, c["block_g"]), triton.cdiv(D, c["block_d"]))
-    compiled = isinstance(_ffn_block_kernel, triton.runtime.jit.JITFunction)  # not the interpreter
-    if not c["fused"] or (not compiled and programs > 1):
-        return None
-    barriers = layer.__dict__.setdefault("_grid_barriers", {})  # one per batch row, made outside graph capture
-    if (M, h.device) not in barriers:
-        if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
-            return None
-        barriers[M, h.device] = torch.zeros(M, BARRIER_WORDS.value, dtype=torch.int32, device=h.device)
-    h1, act, out = torch.empty_like(h), torch.empty(M, I, dtype=h.dtype, device=h.device), torch.empty_like(h)
-    wo, wo_opts = _launch_weight(att.wo.weight)
-    w13, w13_opts = _launch_weight(ffn.w13.weight)
-    w2, w2_opts = _launch_weight(ffn.w2.weight)
-    args = (y.part, y.stat, *wo, h, h1, layer.ffn_norm.weight, *w13, act, *w2, out, barriers[M, h.device], D, I,
-            layer.ffn_norm.eps)
-    opts = dict(SPLITS=splits, HEAD_DIM=hd, QUANT_O=wo_opts["QUANT"], GROUP_O=wo_opts["GROUP"],
-                QUANT_G=w13_opts["QUANT"], GROUP_G=w13_opts["GROUP"], QUANT_D=w2_opts["QUANT"],
-                GROUP_D=w2_opts["GROUP"], BLOCK_O=c["block_o"], BLOCK_KO=_block_k(D, max(c["block_ko"], hd, wo_opts["GROUP"])),
-                BLOCK_G=c["block_g"], BLOCK_KG=_block_k(D, max(c["block_kg"], w13_opts["GROUP"])), BLOCK_D=c["block_d"],
-                BLOCK_KD=_block_k(I, max(c["block_kd"], w2_opts["GROUP"])), ASM=compiled, num_warps=c["warps"],
-                **_pdl(h.device))
-    if h.device.type == "cuda":
-        key = (h.device, M, *sorted(opts.items()), *(str(a.dtype) for a in args if isinstance(a, Tensor)))
-        if key not in _FITS:
-            _FITS[key] = programs * M <= _resident_programs(_ffn_block_kernel.warmup(*args, grid=(programs, M), **opts),
-                                                            h.device)
-        if not _FITS[key]:
-            return None
-    _ffn_block_kernel[(programs, M)](*args, **opts)
-    return out
-
-
-_FITS: dict[tuple, bool] = {}  # ffn_block's grid against the GPU's resident programs, per launch setting
-
-
 def attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, key_valid: Tensor, slot: Tensor) -> Partials:
     """q (M, H, hd) for cache slot `slot` (1,), caches (B >= M, H, S, hd), key_valid (B, S) -> the Partials of
     CONFIGS["attention"]["splits"] runs of slots, which linear() combines (the o-proj)."""
@@ -691,10 +542,6 @@ def decode_forward(gpt: GPT, x: Tensor, input_pos: Tensor, rope_pos: Tensor, out
         att, ffn, cache = layer.attention, layer.feed_forward, layer.attention.kv_cache
         y = attention(qkv_rope(h, layer, gpt.inv_freq, rope_pos, input_pos), cache.k, cache.v, gpt.key_valid,
                       input_pos)
-        fused = ffn_block(y, layer, h)
-        if fused is not None:
-            h = fused
-            continue
         h = linear(y, att.wo.weight, residual=h)
         h = linear(linear(h, ffn.w13.weight, norm=layer.ffn_norm, gate=True), ffn.w2.weight, residual=h)
     return rmsnorm(h, gpt.norm, out)[:, None]
