@@ -13,7 +13,6 @@ waits, and ends after the kernel before it, so that is what it adds to the step.
 from __future__ import annotations
 
 import argparse
-import copy
 import json
 import statistics
 import sys
@@ -25,9 +24,8 @@ from torch.profiler import ProfilerActivity, profile
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from engine_variants import VARIANTS  # noqa: E402
-from toolkit.bench import _prompt, random_model  # noqa: E402
+from toolkit.bench import _prompt, quantized_copy, random_model  # noqa: E402
 from toolkit.engine import Engine  # noqa: E402
-from toolkit.precision import quantize  # noqa: E402
 from toolkit.sampling import SamplingParams  # noqa: E402
 
 
@@ -58,7 +56,7 @@ def timeline(trace: Path, first: str = "_sample_feed_kernel", skip: int = 10, st
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--precision", default="bf16")
+    ap.add_argument("--precision", default="bf16", help="a recipe; int8@bf16 runs int8 weights on bf16 activations")
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--steps", type=int, default=128, help="decode steps profiled (after one warm-up generation)")
     ap.add_argument("--variant", choices=tuple(VARIANTS), default="graphs",
@@ -76,8 +74,7 @@ def main(argv=None) -> int:
         print(text)
         return 0
     dev = torch.device(a.device)
-    model = copy.deepcopy(random_model(a.dims, dev))
-    quantize(model, a.precision, device=dev)
+    model = quantized_copy(random_model(a.dims, dev), dev, a.precision)  # also NAME@DTYPE, e.g. int8@bf16
     engine = Engine(model.gpt, cuda_graphs=not a.no_graphs, **VARIANTS[a.variant])
     emb, valid = _prompt(model, a.batch, 32, dev)
     params = SamplingParams(max_new_tokens=a.steps, min_new_tokens=a.steps)
