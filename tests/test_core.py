@@ -300,6 +300,31 @@ def test_compiled_decode_step_matches_eager(tiny_synth):
     torch.testing.assert_close(fast.hidden, plain.hidden, rtol=1e-4, atol=1e-4)
 
 
+def test_compiled_engine_prefills_int8_weight_only_models_through_the_plain_block():
+    """With compile=True an int8 weight-only model prefills through the uncompiled block (inductor's int8 matmul
+    made the H200's prefill 3.6x slower, benchmarks/README.md); other models through the compiled one. The int8
+    prefill gives the plain engine's states."""
+    pytest.importorskip("torchao")
+    from toolkit.bench import random_model
+    from toolkit.engine import Engine
+    from toolkit.models.gpt import call_block
+    from toolkit.precision import quantize
+    cpu = torch.device("cpu")
+    assert Engine(random_model("tiny", cpu).gpt, compile=True)._prefill_block is None
+    model = random_model("tiny", cpu)
+    quantize(model, "int8", device=cpu)
+    compiled = Engine(model.gpt, compile=True)
+    assert compiled._prefill_block is call_block
+    gpt = model.gpt
+    gpt.setup_caches(1, 32)
+    gpt.key_valid.fill_(True)
+    emb = torch.randn(1, 6, gpt.cfg.hidden, generator=torch.Generator().manual_seed(0))
+    rope = torch.arange(6)[None]
+    got = compiled._prefill_runner(1, 6, emb.dtype, cpu)(emb, rope)
+    want = Engine(gpt)._prefill_runner(1, 6, emb.dtype, cpu)(emb, rope)
+    assert torch.equal(got, want)
+
+
 def test_engine_keeps_a_bounded_number_of_step_buffers(tiny_synth):
     """Per-request sampling settings must not pile up graphs or buffers without end: least recently used go."""
     from toolkit.engine import MAX_GRAPHS, Engine

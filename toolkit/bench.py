@@ -3,8 +3,9 @@ dimensions and the same number of GPT steps (EOS suppressed), for every precisio
 
 ttsq side, per precision: GPT steps/s at each batch (medians of repeats, warm-up and graph capture excluded), audio
 seconds per second, end-to-end RTF of one utterance (GPT + Decoder + Vocos), time to first audio when streaming,
-peak memory, weight bytes. chattts side: its GPT.generate at each batch, run in a subprocess with the Python given
-by --chattts-python (a venv holding chattts 0.2.5; ttsq never imports it). The ratio is taken per batch.
+peak memory (what the precision allocates on top of what the run held before its copy was made), weight bytes.
+chattts side: its GPT.generate at each batch, run in a subprocess with the Python given by --chattts-python (a venv
+holding chattts 0.2.5; ttsq never imports it). The ratio is taken per batch.
 """
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+import torch._dynamo
 
 from .engine import Engine, sync_device, timed
 from .models import ModelConfig, TTSModel, tiny
@@ -126,6 +128,9 @@ def quantized_copy(base: TTSModel, dev: torch.device, precision: str) -> TTSMode
 
 
 def bench_precision(base: TTSModel, name: str, cfg: BenchConfig, dev: torch.device) -> dict:
+    # peak memory counts what this precision allocates, not the fp32 base it is copied from or what earlier
+    # precisions left (torch.compile's caches hold their weights): the first precision of a run used to read lowest
+    held = torch.cuda.memory_allocated(dev) if dev.type == "cuda" else 0
     model = quantized_copy(base, dev, name)
     probe = Engine(model.gpt, kernels=cfg.kernels)  # decode_rate's engines decide the same way
     row: dict = {"weight_bytes": state_bytes(model), "steps_per_s": {}, "audio_s_per_s": {}, "peak_mem_bytes": {},
@@ -147,7 +152,7 @@ def bench_precision(base: TTSModel, name: str, cfg: BenchConfig, dev: torch.devi
         row["steps_per_s"][str(B)] = sps
         row["audio_s_per_s"][str(B)] = sps * B / STEPS_PER_S
         if dev.type == "cuda":
-            row["peak_mem_bytes"][str(B)] = torch.cuda.max_memory_allocated(dev)
+            row["peak_mem_bytes"][str(B)] = torch.cuda.max_memory_allocated(dev) - held
     if "1" in row["steps_per_s"]:  # RTF and first audio are batch-1 figures
         row["first_audio_parts"] = {}
         row["rtf"], row["time_to_first_audio_s"] = utterance_timing(model, cfg.steps, dev, prompt=cfg.prompt,
@@ -248,6 +253,7 @@ def run_bench(cfg: BenchConfig, progress=print, on_update=None) -> dict:
         except Exception as e:  # noqa: BLE001 - one recipe failing (e.g. fp8 on CPU) must not hide the others
             report["ttsq"][name] = {"error": f"{type(e).__name__}: {e}"[:400]}
         progress(f"ttsq {name}: {json.dumps(report['ttsq'][name])}")
+        torch._dynamo.reset()  # compiled code keeps the precision's weights alive
         if dev.type == "cuda":
             torch.cuda.empty_cache()
         update(report)

@@ -36,6 +36,7 @@ except ImportError:
 from .engine import DecodeState, decode_step as pytorch_decode_step
 from .models.config import GPTConfig
 from .models.gpt import GPT, Block, RMSNorm
+from .precision.recipes import is_int8_weight_only
 from .sampling import SamplingParams, sample_codes
 
 
@@ -73,8 +74,7 @@ def _weight(w: Tensor) -> Weight:
     if type(w) in (torch.Tensor, torch.nn.Parameter) and w.dtype in (torch.float32, torch.float16, torch.bfloat16):
         return Weight(w, None, None, 0, 1)
     block = getattr(w, "block_size", None)
-    if (type(w).__name__ == "Int8Tensor" and getattr(w, "act_quant_kwargs", 1) is None
-            and block is not None and list(block) == [1, w.shape[1]]):
+    if is_int8_weight_only(w) and block is not None and list(block) == [1, w.shape[1]]:
         return Weight(w.qdata, w.scale.reshape(-1), w.zero_point.reshape(-1), 8, 1)
     if type(w).__name__ in ("Int4TilePackedTo4dTensor", "Int4OpaqueTensor"):
         if getattr(w, "_plain_int4", None) is None:

@@ -82,6 +82,11 @@ def get_recipe(name: str, device: torch.device) -> Recipe:
 KEEP_FLOAT = ("gpt.head_text", "gpt.head_code", "vocos.out")
 
 
+def is_int8_weight_only(w: torch.Tensor) -> bool:
+    """Whether w is torchao's int8 weight-only tensor (an Int8Tensor that does not quantize activations)."""
+    return type(w).__name__ == "Int8Tensor" and getattr(w, "act_quant_kwargs", 1) is None
+
+
 def quantizable_linears(model: nn.Module) -> list[str]:
     return [n for n, m in model.named_modules() if isinstance(m, nn.Linear) and n not in KEEP_FLOAT
             and not n.startswith("dvae.gfsq")]
