@@ -20,7 +20,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-import torch._dynamo
 
 from .engine import Engine, sync_device, timed
 from .models import ModelConfig, TTSModel, tiny
@@ -253,7 +252,10 @@ def run_bench(cfg: BenchConfig, progress=print, on_update=None) -> dict:
         except Exception as e:  # noqa: BLE001 - one recipe failing (e.g. fp8 on CPU) must not hide the others
             report["ttsq"][name] = {"error": f"{type(e).__name__}: {e}"[:400]}
         progress(f"ttsq {name}: {json.dumps(report['ttsq'][name])}")
-        torch._dynamo.reset()  # compiled code keeps the precision's weights alive
+        if cfg.compile:
+            from torch import _dynamo  # not at the top: it imports Triton, before tests can pick its interpreter
+
+            _dynamo.reset()  # compiled code keeps the precision's weights alive
         if dev.type == "cuda":
             torch.cuda.empty_cache()
         update(report)
