@@ -137,7 +137,8 @@ class Engine:
         """compile: False (eager), True or "step" (the whole decode step, fused across layers and with the sampler,
         static shapes: one compile per batch size and cache bucket), "block" (regional: one compiled block with
         dynamic shapes serves every layer, batch and bucket; compiles once, fuses less). Prefill runs through the
-        compiled block in both modes. compile_options: torch.compile arguments for the step.
+        compiled block in both modes, except for int8 weight-only models (slower compiled: see below).
+        compile_options: torch.compile arguments for the step.
         prefill_graphs: pad prompts to PREFILL_BUCKET and replay the prefill as a CUDA graph (see the module doc);
         None: pad on CUDA, graphs at batch 1 where graphs run (cuda_graphs), True: pad on any device and batch
         (graphs on CUDA with cuda_graphs), False: neither.
