@@ -310,7 +310,8 @@ def test_compiled_engine_prefills_int8_weight_only_models_through_the_plain_bloc
     from toolkit.models.gpt import call_block
     from toolkit.precision import quantize
     cpu = torch.device("cpu")
-    assert Engine(random_model("tiny", cpu).gpt, compile=True)._prefill_block is None
+    plain = Engine(random_model("tiny", cpu).gpt, compile=True)
+    assert plain._prefill_block is plain._run_block and plain._run_block is not call_block
     model = random_model("tiny", cpu)
     quantize(model, "int8", device=cpu)
     compiled = Engine(model.gpt, compile=True)

@@ -154,7 +154,7 @@ class Engine:
         self.chunk = chunk
         self.cuda_graphs = cuda_graphs
         self._run_block: BlockRunner = call_block
-        self._prefill_block: BlockRunner | None = None  # None: the prefill runs through _run_block
+        self._prefill_block: BlockRunner = call_block
         self._decode_step: Callable[[GPT, DecodeState, SamplingParams, int], None] = decode_step
         if compile:
             import torch._dynamo
@@ -167,10 +167,10 @@ class Engine:
             self._sample = torch.compile(sample_codes, fullgraph=True)
             from .precision.recipes import is_int8_weight_only  # here: toolkit.precision imports this module
 
-            if is_int8_weight_only(gpt.layers[0].attention.wqkv.weight):
-                # inductor's code for torchao's int8 weight-only matmul makes a 32-token prefill 3.6x slower than
-                # eager ops in the same CUDA graph (20.3 against 5.7 ms on the H200; bf16 3.0 against 4.0 ms)
-                self._prefill_block = call_block
+            # the prefill compiled too, but not for int8 weight-only models: inductor's code for torchao's int8 matmul
+            # makes a 32-token prefill 3.6x slower than eager ops in one CUDA graph (20.3 against 5.7 ms on the H200)
+            if not is_int8_weight_only(gpt.layers[0].attention.wqkv.weight):
+                self._prefill_block = self._run_block
             if compile == "block":
                 self._decode_step = functools.partial(decode_step, run_block=self._run_block, sample=self._sample)
             else:
@@ -330,7 +330,7 @@ class Engine:
         gpt = self.gpt
         if not self._graphs_prefill(B, device):
             slots = torch.arange(T, device=device)
-            return lambda emb, rope: gpt(emb, slots, rope, self._prefill_block or self._run_block)[:, -1]
+            return lambda emb, rope: gpt(emb, slots, rope, self._prefill_block)[:, -1]
 
         def make():
             # every tensor the graph reads is kept with it: one freed and reused would feed it garbage indices
@@ -338,8 +338,7 @@ class Engine:
             emb_in = torch.zeros(B, T, gpt.cfg.hidden, dtype=dtype, device=device)
             rope_in = torch.zeros(B, T, dtype=torch.long, device=device)
             out = torch.zeros(B, gpt.cfg.hidden, dtype=dtype, device=device)
-            block = self._prefill_block or self._run_block
-            graph = self._graph_of(lambda: out.copy_(gpt(emb_in, slots, rope_in, block)[:, -1]), device)
+            graph = self._graph_of(lambda: out.copy_(gpt(emb_in, slots, rope_in, self._prefill_block)[:, -1]), device)
             return graph, (emb_in, rope_in, out, slots)
 
         try:
