@@ -404,6 +404,44 @@ def test_engine_lookahead_hands_over_the_same_chunks_and_stops_at_the_same_one(t
     assert ended_by_eos  # the early end was exercised, not only max_new_tokens
 
 
+def test_engine_lead_steps_queue_the_next_chunk_before_handing_one_over(tiny_synth):
+    """With lead_steps=L a chunk is handed over only once L steps of the next are queued (on CUDA the GPU then
+    never idles while the host checks EOS). The chunks, and where EOS or should_stop ends the stream, are those of
+    lead_steps=0, first_yield's early piece included."""
+    from toolkit.engine import Engine
+    from toolkit.prompt import encode_prompts
+    emb, valid = encode_prompts(tiny_synth.model, ["lead steps."], tiny_synth.speaker_vector(0))
+    params = SamplingParams(max_new_tokens=100, temperature=1.0, top_p=1.0)
+    plain_engine = Engine(tiny_synth.model.gpt, lead_steps=0)
+    ended_by_eos = 0
+    for lead in (2, 5):
+        engine = Engine(tiny_synth.model.gpt, lead_steps=lead)
+        ran = []
+        step = engine._step
+        engine._step = lambda *a: ran.append(1) or step(*a)
+        for seed in range(4):
+            plain = list(plain_engine.stream(emb, valid, params, seed=seed, first_yield=5))
+            ran.clear()
+            ahead = []
+            for c in engine.stream(emb, valid, params, seed=seed, first_yield=5):
+                end = c.start + c.codes.shape[1]
+                # the steps run when a chunk arrives: its own, plus `lead` of the next piece (or all of a shorter one),
+                # the pieces ending at first_yield, at each multiple of the chunk and at max_new_tokens
+                ends = sorted({5, 100, *range(engine.chunk, 100, engine.chunk)})
+                following = next((e - end for e in ends if e > end), 0)
+                assert len(ran) == end + min(lead, following)
+                ahead.append(c)
+            assert len(plain) == len(ahead)
+            for x, y in zip(plain, ahead):
+                assert x.start == y.start and torch.equal(x.codes, y.codes) and torch.equal(x.hidden, y.hidden)
+                assert torch.equal(x.lengths, y.lengths) and torch.equal(x.finished, y.finished)
+            ended_by_eos += bool(plain[-1].finished.all()) and plain[-1].start + plain[-1].codes.shape[1] < 100
+            calls = []
+            stopped = list(engine.stream(emb, valid, params, seed=seed, should_stop=lambda: calls.append(1) or len(calls) >= 2))
+            assert len(stopped) == min(2, len(plain))
+    assert ended_by_eos  # the early end was exercised, not only max_new_tokens
+
+
 def test_reserve_sizes_the_cache_once_and_changes_nothing_else(tiny_synth):
     """reserve=N allocates the KV cache for N steps up front (one compile per batch under compile=True), so the
     generation never grows it, and samples the same codes as a generation that grows it."""

@@ -3,8 +3,9 @@
 Every step reads and writes only fixed device buffers (`DecodeState`), with the step counter on the device,
 so on CUDA one step is captured once as a CUDA graph per (batch, cache length, sampling settings) and replayed.
 Sampling stays on the device; the host looks at the EOS flags only once per chunk of `chunk` steps, through a
-pinned copy and an event, so with `lookahead` the next chunk's steps are already queued while a streaming
-renderer works on this one (on its own CUDA stream).
+pinned copy and an event, after queueing the next chunk's first LEAD_STEPS steps (so the GPU does not idle
+meanwhile); with `lookahead` the whole next chunk is already queued while a streaming renderer works on this one
+(on its own CUDA stream).
 
 With `compile=True` the whole step (sampler, 20 blocks, bookkeeping) is one torch.compile'd graph, specialised to
 each batch size and cache bucket, and captured as a CUDA graph. Compiling costs seconds per new (batch, bucket):
@@ -45,6 +46,9 @@ CACHE_BUCKET = 256  # cache lengths are rounded up to this, so new lengths rarel
 # per request would otherwise hold a graph, and its buffers, for every combination it ever saw
 MAX_GRAPHS = 32
 PREFILL_BUCKET = 32  # prompt lengths are padded to this (on CUDA), so a few shapes and graphs serve every prompt
+# steps of the next chunk queued before the host waits on a chunk's EOS flags: the GPU idled ~190 us per chunk
+# while the host checked (13 us per step at batch 1 on the H200, results/timeline_int4_b1_kernels_dequant_early_h200.txt)
+LEAD_STEPS = 2
 KERNELS_MAX_BATCH = 2  # the Triton step reads the weights once per row: at batch 4 cuBLAS's GEMMs win on the H200
 
 
@@ -133,7 +137,7 @@ def decode_step(gpt: GPT, s: DecodeState, p: SamplingParams, chunk: int,
 class Engine:
     def __init__(self, gpt: GPT, chunk: int = 16, cuda_graphs: bool = True, compile: bool | str = False,
                  compile_options: dict | None = None, prefill_graphs: bool | None = None,
-                 kernels: bool | None = None):
+                 kernels: bool | None = None, lead_steps: int | None = None):
         """compile: False (eager), True or "step" (the whole decode step, fused across layers and with the sampler,
         static shapes: one compile per batch size and cache bucket), "block" (regional: one compiled block with
         dynamic shapes serves every layer, batch and bucket; compiles once, fuses less). Prefill runs through the
@@ -145,13 +149,17 @@ class Engine:
         kernels: decode batches of up to KERNELS_MAX_BATCH rows through the Triton kernels of toolkit/kernels.py (five
         launches per layer and one for sampling, not compiled). None: on CUDA where Triton is installed, the weights
         are floats, int8 or int4 weight-only and kernels.self_check passes; True: also on CPU (under TRITON_INTERPRET=1);
-        False: never."""
+        False: never.
+        lead_steps: a chunk is handed over (and the host waits for its EOS flags) only once this many steps of the
+        next are queued, so that the GPU does not idle while the host checks; up to that many steps are discarded
+        after EOS. None: LEAD_STEPS on CUDA, 0 elsewhere (on the CPU a step runs when called: nothing to hide)."""
         self.gpt = gpt
         self.kernels = kernels
         self._sample: Callable = sample_codes
         self._kernel_step: Callable | None = None  # made on first use (it imports Triton)
         self.prefill_graphs = prefill_graphs
         self.chunk = chunk
+        self.lead_steps = lead_steps
         self.cuda_graphs = cuda_graphs
         self._run_block: BlockRunner = call_block
         self._prefill_block: BlockRunner = call_block
@@ -455,20 +463,32 @@ class Engine:
         s.finished.zero_()
         s.lengths.zero_()
         gen = torch.Generator(device=dev).manual_seed(int(seed))
+        lead = self.lead_steps if self.lead_steps is not None else LEAD_STEPS if dev.type == "cuda" else 0
+        pending: Chunk | None = None  # handed over once `lead` steps of what follows are queued
         start = 0
         while start < steps:
+            if pending is not None and not lead:
+                yield pending
+                pending = None
             n = min(self.chunk, steps - start)
             if gpt.cache_shape[1] < T + start + n:
                 step_fn, s = self._grow(B, T + start + n, params, s)
             s.noise.exponential_(1, generator=gen)
             done = 0
             for cut in sorted({first_yield - start, n} if first_yield and 0 < first_yield - start < n else {n}):
-                for _ in range(cut - done):
+                for i in range(cut - done):
+                    if pending is not None and i == lead:
+                        yield pending
+                        pending = None
                     step_fn()
-                yield Chunk(start + done, s.hidden[:, done:cut].clone(), s.codes[:, done:cut].clone(),
-                            *self._to_host(s.lengths, s.finished))
+                if pending is not None:
+                    yield pending
+                pending = Chunk(start + done, s.hidden[:, done:cut].clone(), s.codes[:, done:cut].clone(),
+                                *self._to_host(s.lengths, s.finished))
                 done = cut
             start += n
+        if pending is not None:
+            yield pending
 
     @staticmethod
     def _to_host(*tensors: Tensor) -> tuple:

@@ -153,9 +153,20 @@ def _dequantize(w, s, z, QUANT: tl.constexpr, GROUP: tl.constexpr, BLOCK_K: tl.c
 
 
 @triton.jit
-def _x_tile(x_row, g_ptr, stat_row, k0, K, rstd, NORM: tl.constexpr, COMBINE: tl.constexpr, SPLITS: tl.constexpr,
+def _g_tile(g_ptr, k0, K, NORM: tl.constexpr, BLOCK_K: tl.constexpr):
+    """RMSNorm's weight [k0, k0 + BLOCK_K) as fp32 (NORM), else 1."""
+    if NORM:
+        ks = k0 + tl.arange(0, BLOCK_K)
+        return tl.load(g_ptr + ks, mask=ks < K, other=0.0).to(tl.float32)
+    else:
+        return 1.0
+
+
+@triton.jit
+def _x_tile(x_row, g, stat_row, k0, K, rstd, NORM: tl.constexpr, COMBINE: tl.constexpr, SPLITS: tl.constexpr,
             HEAD_DIM: tl.constexpr, dt: tl.constexpr, BLOCK_K: tl.constexpr):
-    """x[k0 : k0 + BLOCK_K] as fp32, 0 past K. NORM: rounded as RMSNorm's output, weight * (x * rstd). COMBINE:
+    """x[k0 : k0 + BLOCK_K] as fp32, 0 past K. NORM: rounded as RMSNorm's output, g * (x * rstd), g the weight's
+    tile (_g_tile). COMBINE:
     x_row is attention's per-split outputs (heads, SPLITS, HEAD_DIM) and stat_row their (max score, softmax sum)
     pairs: x is the heads' attention output, the splits combined, rounded to dt."""
     if COMBINE:  # tiles hold whole heads (BLOCK_K is a multiple of HEAD_DIM)
@@ -176,7 +187,7 @@ def _x_tile(x_row, g_ptr, stat_row, k0, K, rstd, NORM: tl.constexpr, COMBINE: tl
         kmask = ks < K
         x = tl.load(x_row + ks, mask=kmask, other=0.0).to(tl.float32)
         if NORM:
-            x = _round(_round(x * rstd, dt) * tl.load(g_ptr + ks, mask=kmask, other=0.0).to(tl.float32), dt)
+            x = _round(_round(x * rstd, dt) * g, dt)
         return x
 
 
@@ -188,21 +199,23 @@ def _gemv(x_row, g_ptr, stat_row, w_ptr, s_ptr, z_ptr, rows, rows2, K, eps, NORM
     """(W[rows] . x, W[rows2] . x) as fp32 (BLOCK_N,) each, the second only when TWO (gate and up, or a rotary
     pair's halves: x is loaded and normalised once for both); x as _x_tile gives it (NORM, COMBINE), rounded to dt.
     QUANT: 0 float weights; 8 int8, (W - zero point) * scale per row; 4 int4 in groups of GROUP (_dequantize).
-    With PDL the first weight tiles are loaded and dequantized before waiting for the previous kernel, which never
-    writes weights: both overlap that kernel's tail, and after the wait only the products with x are left."""
+    With PDL the first weight tiles (and the norm's) are loaded and dequantized before waiting for the previous
+    kernel, which never writes weights: both overlap that kernel's tail, and after the wait only the products with x
+    are left."""
     w, s, z = _w_tile(w_ptr, s_ptr, z_ptr, rows, 0, K, QUANT, GROUP, BLOCK_K)
     w = _dequantize(w, s, z, QUANT, GROUP, BLOCK_K)
     w2 = w
     if TWO:
         w2, s2, z2 = _w_tile(w_ptr, s_ptr, z_ptr, rows2, 0, K, QUANT, GROUP, BLOCK_K)
         w2 = _dequantize(w2, s2, z2, QUANT, GROUP, BLOCK_K)
+    g = _g_tile(g_ptr, 0, K, NORM, BLOCK_K)
     if PDL:
         gdc_wait()
         gdc_launch_dependents()
     rstd = 1.0
     if NORM:
         rstd = _rstd(x_row, K, eps, BLOCK_K)
-    x = _x_tile(x_row, g_ptr, stat_row, 0, K, rstd, NORM, COMBINE, SPLITS, HEAD_DIM, dt, BLOCK_K)
+    x = _x_tile(x_row, g, stat_row, 0, K, rstd, NORM, COMBINE, SPLITS, HEAD_DIM, dt, BLOCK_K)
     acc = w * x[None, :]
     acc2 = w2 * x[None, :]
     w, s, z = _w_tile(w_ptr, s_ptr, z_ptr, rows, BLOCK_K, K, QUANT, GROUP, BLOCK_K)
@@ -210,7 +223,8 @@ def _gemv(x_row, g_ptr, stat_row, w_ptr, s_ptr, z_ptr, rows, rows2, K, eps, NORM
     if TWO:
         w2, s2, z2 = _w_tile(w_ptr, s_ptr, z_ptr, rows2, BLOCK_K, K, QUANT, GROUP, BLOCK_K)
     for k0 in range(BLOCK_K, K, BLOCK_K):  # tiles after the first: each loaded one step ahead of its use
-        x = _x_tile(x_row, g_ptr, stat_row, k0, K, rstd, NORM, COMBINE, SPLITS, HEAD_DIM, dt, BLOCK_K)
+        x = _x_tile(x_row, _g_tile(g_ptr, k0, K, NORM, BLOCK_K), stat_row, k0, K, rstd, NORM, COMBINE, SPLITS,
+                    HEAD_DIM, dt, BLOCK_K)
         acc += _dequantize(w, s, z, QUANT, GROUP, BLOCK_K) * x[None, :]
         if TWO:
             acc2 += _dequantize(w2, s2, z2, QUANT, GROUP, BLOCK_K) * x[None, :]
@@ -235,6 +249,8 @@ def _linear_kernel(x_ptr, g_ptr, stat_ptr, w_ptr, s_ptr, z_ptr, res_ptr, out_ptr
     keep = rows < N
     rows = tl.where(keep, rows, 0)
     dt: tl.constexpr = out_ptr.dtype.element_ty
+    if RES:  # before _gemv's wait: the residual comes from an earlier launch than the one waited for (see linear)
+        res = tl.load(res_ptr + m * N + rows, mask=keep, other=0.0).to(tl.float32)
     y, up = _gemv(x_ptr + m * K * SPLITS, g_ptr, stat_ptr + m * (K // HEAD_DIM) * SPLITS * 2, w_ptr, s_ptr, z_ptr,
                   rows, rows + N, K, eps, NORM, COMBINE, SPLITS, HEAD_DIM, QUANT, GROUP, GATE, PDL, dt, BLOCK_N,
                   BLOCK_K)
@@ -242,7 +258,7 @@ def _linear_kernel(x_ptr, g_ptr, stat_ptr, w_ptr, s_ptr, z_ptr, res_ptr, out_ptr
     if GATE:
         y = _round(y / (1.0 + tl.exp(-y)), dt) * _round(up, dt)
     if RES:
-        y = y + tl.load(res_ptr + m * N + rows, mask=keep, other=0.0).to(tl.float32)
+        y = y + res
     tl.store(out_ptr + m * N + rows, y.to(dt), mask=keep)
 
 
@@ -259,6 +275,7 @@ def _qkv_rope_kernel(x_ptr, g_ptr, w_ptr, s_ptr, z_ptr, inv_freq_ptr, rope_ptr, 
     d = (tl.program_id(0) % per_head) * PAIRS + tl.arange(0, PAIRS)
     m = tl.program_id(1)
     dt: tl.constexpr = q_ptr.dtype.element_ty
+    inv_freq = tl.load(inv_freq_ptr + d)  # a constant: before _gemv's wait
     lo, hi = _gemv(x_ptr + m * K, g_ptr, x_ptr, w_ptr, s_ptr, z_ptr, j * HEAD_DIM + d, j * HEAD_DIM + HALF + d, K,
                    eps, True, False, 1, HEAD_DIM, QUANT, GROUP, True, PDL, dt, PAIRS, BLOCK_K)
     lo = _round(lo, dt)
@@ -266,7 +283,7 @@ def _qkv_rope_kernel(x_ptr, g_ptr, w_ptr, s_ptr, z_ptr, inv_freq_ptr, rope_ptr, 
     which = j // H
     head = j % H
     if which < 2:  # rotate_half: (lo, hi) -> (lo cos - hi sin, hi cos + lo sin)
-        angle = tl.load(rope_ptr + m).to(tl.float32) * tl.load(inv_freq_ptr + d)
+        angle = tl.load(rope_ptr + m).to(tl.float32) * inv_freq
         cos = _round(tl.cos(angle), dt)
         sin = _round(tl.sin(angle), dt)
         lo, hi = lo * cos - hi * sin, hi * cos + lo * sin
@@ -287,8 +304,8 @@ def _attention_kernel(q_ptr, k_ptr, v_ptr, valid_ptr, slot_ptr, part_ptr, stat_p
     """Flash-decoding, first half: one query (head h, batch row m) against the c-th of SPLITS equal runs of the
     cache slots up to its own (BLOCK_S at a time, online softmax), written as the run's unnormalised output (fp32),
     max score and softmax sum. The o-proj combines the runs (_x_tile). Keys are masked by key_valid (left
-    padding) except the query's own slot, as in GPT._run's mask. With PDL the run's first keys and values load
-    before the wait; the own slot, just written by the previous kernel, is read after it."""
+    padding) except the query's own slot, as in GPT._run's mask. With PDL the run's first keys, values and key_valid
+    load before the wait; the own slot, just written by the previous kernel, is read after it."""
     h = tl.program_id(0)
     c = tl.program_id(1)
     m = tl.program_id(2)
@@ -303,6 +320,7 @@ def _attention_kernel(q_ptr, k_ptr, v_ptr, valid_ptr, slot_ptr, part_ptr, stat_p
     s = lo + tl.arange(0, BLOCK_S)
     k = tl.load(k_ptr + base + s[:, None] * HEAD_DIM + d[None, :], mask=(s < hi)[:, None], other=0.0)
     v = tl.load(v_ptr + base + s[:, None] * HEAD_DIM + d[None, :], mask=(s < hi)[:, None], other=0.0)
+    valid = tl.load(valid_ptr + m * valid_stride + s, mask=s < hi, other=0) != 0  # set at prefill, not per step
     if PDL:
         gdc_wait()
         gdc_launch_dependents()
@@ -318,7 +336,6 @@ def _attention_kernel(q_ptr, k_ptr, v_ptr, valid_ptr, slot_ptr, part_ptr, stat_p
         own = (s == slot)[:, None]
         k = tl.where(own, own_k, k)
         v = tl.where(own, own_v, v)
-        valid = tl.load(valid_ptr + m * valid_stride + s, mask=seen, other=0) != 0
         scores = tl.where(seen & (valid | (s == slot)), tl.sum(k.to(tl.float32) * q[None, :], 1), float("-inf"))
         new_best = tl.maximum(best, tl.max(scores, 0))
         shift = tl.where(new_best == float("-inf"), 0.0, new_best)  # nothing valid yet adds nothing
@@ -330,6 +347,7 @@ def _attention_kernel(q_ptr, k_ptr, v_ptr, valid_ptr, slot_ptr, part_ptr, stat_p
         s += BLOCK_S
         k = tl.load(k_ptr + base + s[:, None] * HEAD_DIM + d[None, :], mask=(s < hi)[:, None], other=0.0)
         v = tl.load(v_ptr + base + s[:, None] * HEAD_DIM + d[None, :], mask=(s < hi)[:, None], other=0.0)
+        valid = tl.load(valid_ptr + m * valid_stride + s, mask=s < hi, other=0) != 0
     part = row * splits + c
     tl.store(part_ptr + part * HEAD_DIM + d, acc)
     tl.store(stat_ptr + part * 2, best)
@@ -365,7 +383,8 @@ def _sample_feed_kernel(logits_ptr, hist_ptr, temp_ptr, noise_ptr, step_ptr, min
     then the history, codes, hidden, finished and lengths bookkeeping, the next input (the Q code embeddings
     summed), the cache slot and RoPE positions.
     The k best are taken one per iteration (max with its index), k being small (ChatTTS: 20 of 626). With PDL
-    everything but the logits (the launch before writes only those) is loaded before the wait."""
+    everything but the logits (the launch before writes only those) is loaded before the wait, and what needs no
+    code (hidden, cache slot, RoPE positions) is written then too."""
     b = tl.program_id(0)
     step = tl.load(step_ptr)
     j = step % CHUNK
@@ -378,6 +397,14 @@ def _sample_feed_kernel(logits_ptr, hist_ptr, temp_ptr, noise_ptr, step_ptr, min
     noise = tl.load(noise_ptr + j * tl.num_programs(0) * Q * V + at, mask=live, other=1.0)
     ws = tl.arange(0, BLOCK_W)  # the history window as one tile: one load, not one per slot
     window = tl.load(hist_ptr + n[:, None] * W + ws[None, :], mask=(q < Q)[:, None] & (ws < W)[None, :], other=V)
+    bar_eos = step < tl.load(min_new_ptr)
+    was_finished = tl.load(finished_ptr + b) != 0
+    length = tl.load(lengths_ptr + b)
+    d = tl.arange(0, BLOCK_D)  # the bookkeeping that needs no code: h is the final norm's, three launches back
+    tl.store(hidden_ptr + (b * CHUNK + j) * D + d, tl.load(h_ptr + b * D + d, mask=d < D), mask=d < D)
+    tl.store(rope_ptr + b, tl.load(rope_base_ptr + b) + step)
+    if b == 0:
+        tl.store(slot_ptr, tl.load(prompt_len_ptr) + step)
     if PDL:
         gdc_wait()
         gdc_launch_dependents()
@@ -405,23 +432,18 @@ def _sample_feed_kernel(logits_ptr, hist_ptr, temp_ptr, noise_ptr, step_ptr, min
         else:
             cut = best
     x = tl.where(x < cut[:, None], float("-inf"), x)
-    x = tl.where((v[None, :] == EOS) & (step < tl.load(min_new_ptr)), float("-inf"), x)
+    x = tl.where((v[None, :] == EOS) & bar_eos, float("-inf"), x)
     e = tl.exp(x - tl.max(x, 1)[:, None])
     code = tl.argmax(e / tl.sum(e, 1)[:, None] / noise, 1)  # (BLOCK_Q,)
     tl.store(hist_ptr + n * W + step % W, code.to(hist_ptr.dtype.element_ty), mask=q < Q)
     tl.store(codes_ptr + (b * CHUNK + j) * Q + q, code.to(codes_ptr.dtype.element_ty), mask=q < Q)
     hit_eos = tl.max(((code == EOS) & (q < Q)).to(tl.int32), 0)
-    finished = (tl.load(finished_ptr + b) != 0) | (hit_eos != 0)
+    finished = was_finished | (hit_eos != 0)
     tl.store(finished_ptr + b, finished.to(finished_ptr.dtype.element_ty))
-    tl.store(lengths_ptr + b, tl.load(lengths_ptr + b) + (1 - finished.to(tl.int64)))
-    d = tl.arange(0, BLOCK_D)
+    tl.store(lengths_ptr + b, length + (1 - finished.to(tl.int64)))
     rows = tl.load(emb_ptr + (q * V + code)[:, None] * D + d[None, :], mask=(q < Q)[:, None] & (d < D)[None, :],
                    other=0.0)
     tl.store(x_ptr + b * D + d, tl.sum(rows.to(tl.float32), 0).to(x_ptr.dtype.element_ty), mask=d < D)
-    tl.store(hidden_ptr + (b * CHUNK + j) * D + d, tl.load(h_ptr + b * D + d, mask=d < D), mask=d < D)
-    tl.store(rope_ptr + b, tl.load(rope_base_ptr + b) + step)
-    if b == 0:
-        tl.store(slot_ptr, tl.load(prompt_len_ptr) + step)
 
 
 def _block_k(K: int, block_k: int) -> int:
@@ -476,7 +498,10 @@ def _launch_weight(weight: Tensor) -> tuple[list, dict]:
 def linear(x: Tensor | Partials, weight: Tensor, norm: RMSNorm | None = None, residual: Tensor | None = None,
            gate: bool = False) -> Tensor:
     """x (M, K), weight (N, K) or, with gate, (2N, K) -> (M, N): (residual +) norm(x) @ weight.T, or
-    silu(norm(x) @ W_gate.T) * (norm(x) @ W_up.T). x may be attention's Partials (the o-proj): combined here."""
+    silu(norm(x) @ W_gate.T) * (norm(x) @ W_up.T). x may be attention's Partials (the o-proj): combined here.
+    With PDL the residual is read before waiting for the launch just before, so that launch must not write it (in
+    decode_forward it comes from two or three launches back, which have finished: every program of the launch just
+    before passed its own wait before this one could start)."""
     combine = isinstance(x, Partials)
     c = CONFIGS["oproj" if combine else "gate" if gate else "linear"]
     if combine:
