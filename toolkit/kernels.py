@@ -374,76 +374,78 @@ def _rmsnorm_kernel(x_ptr, g_ptr, out_ptr, K, eps, PDL: tl.constexpr, BLOCK_K: t
 @triton.jit
 def _sample_feed_kernel(logits_ptr, hist_ptr, temp_ptr, noise_ptr, step_ptr, min_new_ptr, emb_ptr, h_ptr,
                         hidden_ptr, codes_ptr, finished_ptr, lengths_ptr, x_ptr, prompt_len_ptr, rope_base_ptr,
-                        slot_ptr, rope_ptr, V, W, D, CHUNK, EOS, top_k, top_p, min_keep, log2_penalty,
+                        slot_ptr, rope_ptr, arrived_ptr, V, W, D, CHUNK, EOS, top_k, top_p, min_keep, log2_penalty,
                         Q: tl.constexpr, PENALTY: tl.constexpr, TOP_P: tl.constexpr, PDL: tl.constexpr,
                         BLOCK_Q: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_W: tl.constexpr):
-    """Everything of a decode step between the code heads and the first layer, for batch row b (its Q codebooks
-    as the rows of one tile), as engine.decode_step and sampling.sample_codes do it: temperature, repetition
-    penalty over the history window, top-p inside top-k, EOS barred before min_new, the draw argmax(p / noise);
-    then the history, codes, hidden, finished and lengths bookkeeping, the next input (the Q code embeddings
-    summed), the cache slot and RoPE positions.
-    The k best are taken one per iteration (max with its index), k being small (ChatTTS: 20 of 626). With PDL
-    everything but the logits (the launch before writes only those) is loaded before the wait, and what needs no
-    code (hidden, cache slot, RoPE positions) is written then too."""
+    """Everything of a decode step between the code heads and the first layer, as engine.decode_step and
+    sampling.sample_codes do it, one program per batch row b and codebook q: temperature, repetition penalty over
+    the history window, top-p inside top-k, EOS barred before min_new, the draw argmax(p / noise), the history and
+    codes. The last of row b's Q programs to finish (an arrival count, which it resets) then does the row's
+    finished and lengths bookkeeping and writes the next input, the Q code embeddings summed.
+    The k best are taken one per iteration (max with its index), k being small (ChatTTS: 20 of 626): within one
+    program's row, so each iteration is one reduction over one row. With PDL everything but the logits (the launch
+    before writes only those) is loaded before the wait, the penalty is built then, and what needs no code
+    (hidden, cache slot, RoPE positions) is written then too."""
     b = tl.program_id(0)
+    q = tl.program_id(1)
+    n = b * Q + q  # row of the (B * Q, V) logits
     step = tl.load(step_ptr)
     j = step % CHUNK
-    q = tl.arange(0, BLOCK_Q)
-    n = b * Q + q  # (BLOCK_Q,) rows of the (B * Q, V) logits
     v = tl.arange(0, BLOCK_V)
-    live = (q < Q)[:, None] & (v < V)[None, :]
-    at = n[:, None] * V + v[None, :]
-    temperature = tl.load(temp_ptr + n, mask=q < Q, other=1.0)
-    noise = tl.load(noise_ptr + j * tl.num_programs(0) * Q * V + at, mask=live, other=1.0)
-    ws = tl.arange(0, BLOCK_W)  # the history window as one tile: one load, not one per slot
-    window = tl.load(hist_ptr + n[:, None] * W + ws[None, :], mask=(q < Q)[:, None] & (ws < W)[None, :], other=V)
+    live = v < V
+    temperature = tl.load(temp_ptr + n)
+    noise = tl.load(noise_ptr + (j * tl.num_programs(0) * Q + n) * V + v, mask=live, other=1.0)
+    if PENALTY:  # V marks an empty slot of the window
+        seen = tl.zeros((BLOCK_V,), tl.float32)
+        for w in tl.static_range(BLOCK_W):
+            seen += (v == tl.load(hist_ptr + n * W + w, mask=w < W, other=V)).to(tl.float32)
+        alpha = tl.exp2(seen * log2_penalty)
     bar_eos = step < tl.load(min_new_ptr)
-    was_finished = tl.load(finished_ptr + b) != 0
-    length = tl.load(lengths_ptr + b)
-    d = tl.arange(0, BLOCK_D)  # the bookkeeping that needs no code: h is the final norm's, three launches back
-    tl.store(hidden_ptr + (b * CHUNK + j) * D + d, tl.load(h_ptr + b * D + d, mask=d < D), mask=d < D)
-    tl.store(rope_ptr + b, tl.load(rope_base_ptr + b) + step)
-    if b == 0:
-        tl.store(slot_ptr, tl.load(prompt_len_ptr) + step)
+    if q == 0:  # the bookkeeping that needs no code: h is the final norm's, three launches back
+        d = tl.arange(0, BLOCK_D)
+        tl.store(hidden_ptr + (b * CHUNK + j) * D + d, tl.load(h_ptr + b * D + d, mask=d < D), mask=d < D)
+        tl.store(rope_ptr + b, tl.load(rope_base_ptr + b) + step)
+        if b == 0:
+            tl.store(slot_ptr, tl.load(prompt_len_ptr) + step)
     if PDL:
         gdc_wait()
         gdc_launch_dependents()
-    x = tl.load(logits_ptr + at, mask=live, other=float("-inf")).to(tl.float32)
-    x = x / temperature[:, None]
+    x = tl.load(logits_ptr + n * V + v, mask=live, other=float("-inf")).to(tl.float32)
+    x = x / temperature
     if PENALTY:
-        seen = tl.zeros((BLOCK_Q, BLOCK_V), tl.float32)
-        for w in range(0, BLOCK_W):  # V marks an empty slot of the window
-            code_w = tl.sum(tl.where(ws[None, :] == w, window, 0), 1)  # (BLOCK_Q,): column w, from registers
-            seen += (code_w[:, None] == v[None, :]).to(tl.float32)
-        alpha = tl.exp2(seen * log2_penalty)
         x = tl.where(x < 0, x * alpha, x / alpha)
-    top = tl.max(x, 1)
+    top = tl.max(x, 0)
     if TOP_P:
-        lse = top + tl.log(tl.sum(tl.exp(x - top[:, None]), 1))
+        lse = top + tl.log(tl.sum(tl.exp(x - top), 0))
     rest = x
     cut = top
-    above = tl.zeros((BLOCK_Q,), tl.float32)  # probability of the better-ranked tokens
+    above = tl.full([], 0.0, tl.float32)  # probability of the better-ranked tokens
     for i in range(0, top_k):  # the i-th best (ties one by one, as topk lists them); cut = the last one kept
-        best, where = tl.max(rest, 1, return_indices=True, return_indices_tie_break_left=True)
-        rest = tl.where(v[None, :] == where[:, None], float("-inf"), rest)
+        best, where = tl.max(rest, 0, return_indices=True, return_indices_tie_break_left=True)
+        rest = tl.where(v == where, float("-inf"), rest)
         if TOP_P:
             cut = tl.where((above < top_p) | (i < min_keep), best, cut)
             above += tl.exp(best - lse)
         else:
             cut = best
-    x = tl.where(x < cut[:, None], float("-inf"), x)
-    x = tl.where((v[None, :] == EOS) & bar_eos, float("-inf"), x)
-    e = tl.exp(x - tl.max(x, 1)[:, None])
-    code = tl.argmax(e / tl.sum(e, 1)[:, None] / noise, 1)  # (BLOCK_Q,)
-    tl.store(hist_ptr + n * W + step % W, code.to(hist_ptr.dtype.element_ty), mask=q < Q)
-    tl.store(codes_ptr + (b * CHUNK + j) * Q + q, code.to(codes_ptr.dtype.element_ty), mask=q < Q)
-    hit_eos = tl.max(((code == EOS) & (q < Q)).to(tl.int32), 0)
-    finished = was_finished | (hit_eos != 0)
-    tl.store(finished_ptr + b, finished.to(finished_ptr.dtype.element_ty))
-    tl.store(lengths_ptr + b, length + (1 - finished.to(tl.int64)))
-    rows = tl.load(emb_ptr + (q * V + code)[:, None] * D + d[None, :], mask=(q < Q)[:, None] & (d < D)[None, :],
-                   other=0.0)
-    tl.store(x_ptr + b * D + d, tl.sum(rows.to(tl.float32), 0).to(x_ptr.dtype.element_ty), mask=d < D)
+    x = tl.where(x < cut, float("-inf"), x)
+    x = tl.where((v == EOS) & bar_eos, float("-inf"), x)
+    e = tl.exp(x - tl.max(x, 0))
+    code = tl.argmax(e / tl.sum(e, 0) / noise, 0)
+    tl.store(hist_ptr + n * W + step % W, code.to(hist_ptr.dtype.element_ty))
+    tl.store(codes_ptr + (b * CHUNK + j) * Q + q, code.to(codes_ptr.dtype.element_ty))
+    if tl.atomic_add(arrived_ptr + b, 1, sem="acq_rel") == Q - 1:  # the row's other codes are stored and visible
+        tl.store(arrived_ptr + b, 0)
+        qs = tl.arange(0, BLOCK_Q)
+        codes = tl.load(codes_ptr + (b * CHUNK + j) * Q + qs, mask=qs < Q, other=0).to(tl.int32)
+        hit_eos = tl.max(((codes == EOS) & (qs < Q)).to(tl.int32), 0)
+        finished = (tl.load(finished_ptr + b) != 0) | (hit_eos != 0)
+        tl.store(finished_ptr + b, finished.to(finished_ptr.dtype.element_ty))
+        tl.store(lengths_ptr + b, tl.load(lengths_ptr + b) + (1 - finished.to(tl.int64)))
+        d = tl.arange(0, BLOCK_D)
+        rows = tl.load(emb_ptr + (qs * V + codes)[:, None] * D + d[None, :], mask=(qs < Q)[:, None] & (d < D)[None, :],
+                       other=0.0)
+        tl.store(x_ptr + b * D + d, tl.sum(rows.to(tl.float32), 0).to(x_ptr.dtype.element_ty), mask=d < D)
 
 
 def _block_k(K: int, block_k: int) -> int:
@@ -572,6 +574,18 @@ def decode_forward(gpt: GPT, x: Tensor, input_pos: Tensor, rope_pos: Tensor, out
     return rmsnorm(h, gpt.norm, out)[:, None]
 
 
+_ARRIVALS: dict[torch.device, list[Tensor]] = {}
+
+
+def _arrivals(B: int, device: torch.device) -> Tensor:
+    """The sampling launch's arrival counts per batch row, int32 zeros (every launch leaves them at zero). Kept
+    for good, outgrown ones too: captured steps point at them."""
+    kept = _ARRIVALS.setdefault(device, [])
+    if not kept or kept[-1].numel() < B:
+        kept.append(torch.zeros(max(B, 16), dtype=torch.int32, device=device))
+    return kept[-1]
+
+
 def fused_sampling(gpt: GPT, p: SamplingParams) -> bool:
     """Whether _sample_feed_kernel covers these settings: a top-k below the vocabulary (ChatTTS samples the best
     20 of 626) and plain code embeddings."""
@@ -592,12 +606,13 @@ def decode_step(gpt: GPT, s: DecodeState, p: SamplingParams, chunk: int, sample=
     slot, rope = torch.empty(1, dtype=torch.long, **z), torch.empty(B, 1, dtype=torch.long, **z)
     logits = linear(s.h, gpt.head_code.weight)  # (B, Q * V) in the model's dtype, read as float32 like code_logits
     penalty, k = p.repetition_penalty, p.top_k_for(V)
-    _sample_feed_kernel[(B,)](
+    _sample_feed_kernel[(B, Q)](
         logits, s.history, s.temperature, s.noise, s.step, s.min_new, gpt.emb_code.weight, s.h, s.hidden, s.codes,
-        s.finished, s.lengths, x, s.prompt_len, s.rope_base, slot, rope, V, W, D, chunk, cfg.eos_code,
-        k, p.top_p, min(p.min_keep, k), math.log2(penalty), Q=Q, PENALTY=penalty != 1.0, TOP_P=p.top_p < 1.0,
-        BLOCK_Q=triton.next_power_of_2(Q), BLOCK_V=triton.next_power_of_2(V), BLOCK_D=triton.next_power_of_2(D),
-        BLOCK_W=triton.next_power_of_2(W), num_warps=CONFIGS["sample"]["warps"], **_pdl(s.h.device))
+        s.finished, s.lengths, x, s.prompt_len, s.rope_base, slot, rope, _arrivals(B, s.h.device), V, W, D, chunk,
+        cfg.eos_code, k, p.top_p, min(p.min_keep, k), math.log2(penalty), Q=Q, PENALTY=penalty != 1.0,
+        TOP_P=p.top_p < 1.0, BLOCK_Q=triton.next_power_of_2(Q), BLOCK_V=triton.next_power_of_2(V),
+        BLOCK_D=triton.next_power_of_2(D), BLOCK_W=W,
+        num_warps=CONFIGS["sample"]["warps"], **_pdl(s.h.device))
     decode_forward(gpt, x[:, None], slot, rope, out=s.h)
     s.step += 1
 
