@@ -355,12 +355,17 @@ def _attention_kernel(q_ptr, k_ptr, v_ptr, valid_ptr, slot_ptr, part_ptr, stat_p
 
 
 @triton.jit
-def _rmsnorm_kernel(x_ptr, g_ptr, out_ptr, K, eps, PDL: tl.constexpr, BLOCK_K: tl.constexpr):
-    """out[m] = RMSNorm(x[m]), rounded as RMSNorm.forward rounds: the final norm in one launch."""
+def _rmsnorm_kernel(x_ptr, g_ptr, out_ptr, step_ptr, K, eps, STEP: tl.constexpr, PDL: tl.constexpr,
+                    BLOCK_K: tl.constexpr):
+    """out[m] = RMSNorm(x[m]), rounded as RMSNorm.forward rounds: the final norm in one launch. STEP: the step
+    counter goes up by one too (the step's sampling launch, the only one that reads it, is done by then)."""
     m = tl.program_id(0)
     if PDL:
         gdc_wait()
         gdc_launch_dependents()
+    if STEP:
+        if m == 0:
+            tl.store(step_ptr, tl.load(step_ptr) + 1)
     rstd = _rstd(x_ptr + m * K, K, eps, BLOCK_K)
     dt: tl.constexpr = out_ptr.dtype.element_ty
     for k0 in range(0, K, BLOCK_K):
@@ -552,18 +557,21 @@ def qkv_rope(h: Tensor, layer: Block, inv_freq: Tensor, rope_pos: Tensor, slot: 
     return q
 
 
-def rmsnorm(x: Tensor, norm: RMSNorm, out: Tensor | None = None) -> Tensor:
-    """norm(x) for x (M, K), into out if given (contiguous, x's shape and dtype)."""
+def rmsnorm(x: Tensor, norm: RMSNorm, out: Tensor | None = None, step: Tensor | None = None) -> Tensor:
+    """norm(x) for x (M, K), into out if given (contiguous, x's shape and dtype); step (a 0-d counter), if given,
+    goes up by one in the same launch."""
     M, K = x.shape
     out = torch.empty_like(x) if out is None else out
-    _rmsnorm_kernel[(M,)](x, norm.weight, out, K, norm.eps, BLOCK_K=_block_k(K, 1024), **_pdl(x.device))
+    _rmsnorm_kernel[(M,)](x, norm.weight, out, step if step is not None else x, K, norm.eps, STEP=step is not None,
+                          BLOCK_K=_block_k(K, 1024), **_pdl(x.device))
     return out
 
 
-def decode_forward(gpt: GPT, x: Tensor, input_pos: Tensor, rope_pos: Tensor, out: Tensor | None = None) -> Tensor:
+def decode_forward(gpt: GPT, x: Tensor, input_pos: Tensor, rope_pos: Tensor, out: Tensor | None = None,
+                   step: Tensor | None = None) -> Tensor:
     """GPT.forward for one new position per row through these kernels: x (B, 1, D), input_pos (1,) cache slot,
     rope_pos (B, 1) -> final-norm hidden (B, 1, D), written into out (B, D) if given; writes the cache slot like the
-    PyTorch path."""
+    PyTorch path. step, if given, goes up by one in the last launch (one launch fewer than a separate add)."""
     h = x[:, 0].contiguous()
     for layer in gpt.layers:
         att, ffn, cache = layer.attention, layer.feed_forward, layer.attention.kv_cache
@@ -571,7 +579,7 @@ def decode_forward(gpt: GPT, x: Tensor, input_pos: Tensor, rope_pos: Tensor, out
                       input_pos)
         h = linear(y, att.wo.weight, residual=h)
         h = linear(linear(h, ffn.w13.weight, norm=layer.ffn_norm, gate=True), ffn.w2.weight, residual=h)
-    return rmsnorm(h, gpt.norm, out)[:, None]
+    return rmsnorm(h, gpt.norm, out, step)[:, None]
 
 
 _ARRIVALS: dict[torch.device, list[Tensor]] = {}
@@ -595,7 +603,8 @@ def fused_sampling(gpt: GPT, p: SamplingParams) -> bool:
 
 def decode_step(gpt: GPT, s: DecodeState, p: SamplingParams, chunk: int, sample=sample_codes) -> None:
     """engine.decode_step through these kernels: the code heads, one launch that samples and does the step's
-    bookkeeping, the layers, the final norm into s.h. Settings fused_sampling() does not cover sample with
+    bookkeeping, the layers, the final norm into s.h (which also counts the step). Settings fused_sampling() does
+    not cover sample with
     `sample` (PyTorch) instead."""
     if not fused_sampling(gpt, p):
         return pytorch_decode_step(gpt, s, p, chunk, sample=sample, forward=decode_forward)
@@ -613,8 +622,7 @@ def decode_step(gpt: GPT, s: DecodeState, p: SamplingParams, chunk: int, sample=
         TOP_P=p.top_p < 1.0, BLOCK_Q=triton.next_power_of_2(Q), BLOCK_V=triton.next_power_of_2(V),
         BLOCK_D=triton.next_power_of_2(D), BLOCK_W=W,
         num_warps=CONFIGS["sample"]["warps"], **_pdl(s.h.device))
-    decode_forward(gpt, x[:, None], slot, rope, out=s.h)
-    s.step += 1
+    decode_forward(gpt, x[:, None], slot, rope, out=s.h, step=s.step)
 
 
 def self_check(device: torch.device) -> None:
