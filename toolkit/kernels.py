@@ -604,8 +604,7 @@ def fused_sampling(gpt: GPT, p: SamplingParams) -> bool:
 def decode_step(gpt: GPT, s: DecodeState, p: SamplingParams, chunk: int, sample=sample_codes) -> None:
     """engine.decode_step through these kernels: the code heads, one launch that samples and does the step's
     bookkeeping, the layers, the final norm into s.h (which also counts the step). Settings fused_sampling() does
-    not cover sample with
-    `sample` (PyTorch) instead."""
+    not cover sample with `sample` (PyTorch) instead."""
     if not fused_sampling(gpt, p):
         return pytorch_decode_step(gpt, s, p, chunk, sample=sample, forward=decode_forward)
     cfg = gpt.cfg
