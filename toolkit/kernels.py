@@ -465,7 +465,7 @@ CONFIGS = {
     "oproj": dict(block_n=8, block_k=1024, warps=8),  # o-proj, combining attention's runs
     "gate": dict(block_n=4, block_k=512, warps=2),  # gate/up with SiLU
     "qkv": dict(pairs=2, block_k=1024, warps=2),
-    "attention": dict(splits=32, block_s=32, warps=1),
+    "attention": dict(splits=16, block_s=32, warps=1),  # 32 before: results/attention_splits_ab_h200.txt
     "sample": dict(warps=4),
     "launch": dict(pdl=True),  # programmatic dependent launch, where the GPU has it (Hopper on)
 }
