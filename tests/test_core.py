@@ -380,6 +380,14 @@ def test_warmup_prepares_every_cache_bucket_it_is_asked_for(tiny_synth):
     assert tiny_synth.model.gpt.layers[0].attention.kv_cache.k is cache
 
 
+def assert_same_chunks(want: list, got: list) -> None:
+    """Two streams handed over the same chunks: starts, codes, states and EOS books."""
+    assert len(want) == len(got)
+    for x, y in zip(want, got):
+        assert x.start == y.start and torch.equal(x.codes, y.codes) and torch.equal(x.hidden, y.hidden)
+        assert torch.equal(x.lengths, y.lengths) and torch.equal(x.finished, y.finished)
+
+
 def test_engine_lookahead_hands_over_the_same_chunks_and_stops_at_the_same_one(tiny_synth):
     """stream(lookahead=True) queues the next chunk before handing one over (so a CUDA renderer overlaps it): the
     chunks handed over, and where EOS or should_stop ends the stream, must not change."""
@@ -391,11 +399,7 @@ def test_engine_lookahead_hands_over_the_same_chunks_and_stops_at_the_same_one(t
     ended_by_eos = 0
     for seed in range(6):
         plain = list(engine.stream(emb, valid, params, seed=seed))
-        ahead = list(engine.stream(emb, valid, params, seed=seed, lookahead=True))
-        assert len(plain) == len(ahead)
-        for x, y in zip(plain, ahead):
-            assert x.start == y.start and torch.equal(x.codes, y.codes) and torch.equal(x.hidden, y.hidden)
-            assert torch.equal(x.lengths, y.lengths) and torch.equal(x.finished, y.finished)
+        assert_same_chunks(plain, list(engine.stream(emb, valid, params, seed=seed, lookahead=True)))
         ended_by_eos += bool(plain[-1].finished.all()) and plain[-1].start + plain[-1].codes.shape[1] < 200
         calls = []
         stopped = list(engine.stream(emb, valid, params, seed=seed, lookahead=True,
@@ -431,10 +435,7 @@ def test_engine_lead_steps_queue_the_next_chunk_before_handing_one_over(tiny_syn
                 following = next((e - end for e in ends if e > end), 0)
                 assert len(ran) == end + min(lead, following)
                 ahead.append(c)
-            assert len(plain) == len(ahead)
-            for x, y in zip(plain, ahead):
-                assert x.start == y.start and torch.equal(x.codes, y.codes) and torch.equal(x.hidden, y.hidden)
-                assert torch.equal(x.lengths, y.lengths) and torch.equal(x.finished, y.finished)
+            assert_same_chunks(plain, ahead)
             ended_by_eos += bool(plain[-1].finished.all()) and plain[-1].start + plain[-1].codes.shape[1] < 100
             calls = []
             stopped = list(engine.stream(emb, valid, params, seed=seed, should_stop=lambda: calls.append(1) or len(calls) >= 2))

@@ -1,4 +1,4 @@
-"""Triton kernels for the small-batch GPT decode step: about 104 launches per step instead of about 227.
+"""Triton kernels for the small-batch GPT decode step: about 103 launches per step instead of about 227.
 
 At batch 1 a step is bound by the latency of its many small kernels, not by bytes (benchmarks/README.md). Here
 each matmul takes in the work around it, five launches per layer:
@@ -6,9 +6,10 @@ each matmul takes in the work around it, five launches per layer:
     RMSNorm + QKV + RoPE + KV-cache write | attention over the cache (flash-decoding: a fixed number of runs of
     slots per head) | the runs combined + o-proj + residual | RMSNorm + gate/up + SiLU gate | down-proj + residual
 
-and one launch does everything between the code heads and the first layer (sampling, the step's bookkeeping, the
-next input's embedding). On Hopper and later each kernel is a programmatic dependent launch: it starts while the
-one before finishes, loads its weights, and waits (gdc_wait) only before it reads that kernel's output.
+and one launch (a program per codebook) does everything between the code heads and the first layer (sampling, the
+step's bookkeeping, the next input's embedding). On Hopper and later each kernel is a programmatic dependent
+launch: it starts while the one before finishes, loads its weights (and whatever else that kernel does not write),
+and waits (gdc_wait) only before it reads that kernel's output.
 
 Every program reads whole weight rows for one batch row, so the weights are read once per row (L2 serves the
 rows after the first): this path is for small batches (`Engine(kernels=...)` picks it). Weights are floats, or
@@ -458,14 +459,15 @@ def _block_k(K: int, block_k: int) -> int:
 
 
 # launch settings per kernel, chosen on the H200 with PDL at bf16 (benchmarks/kernel_configs.py,
-# results/kernel_configs_runs_h200.json): whole 768-wide rows in one tile where it pays, so with PDL a program has
-# loaded its weights by the time the previous kernel ends
+# results/kernel_configs_runs_h200.json; attention's runs from whole steps, results/attention_splits_ab_h200.txt):
+# whole 768-wide rows in one tile where it pays, so with PDL a program has loaded its weights by the time the
+# previous kernel ends
 CONFIGS = {
     "linear": dict(block_n=2, block_k=1024, warps=4),  # down-proj, code heads
     "oproj": dict(block_n=8, block_k=1024, warps=8),  # o-proj, combining attention's runs
     "gate": dict(block_n=4, block_k=512, warps=2),  # gate/up with SiLU
     "qkv": dict(pairs=2, block_k=1024, warps=2),
-    "attention": dict(splits=16, block_s=32, warps=1),  # 32 before: results/attention_splits_ab_h200.txt
+    "attention": dict(splits=16, block_s=32, warps=1),
     "sample": dict(warps=4),
     "launch": dict(pdl=True),  # programmatic dependent launch, where the GPU has it (Hopper on)
 }
