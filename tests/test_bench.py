@@ -13,6 +13,7 @@ def test_bench_writes_report_and_table(tmp_path, capsys):
     assert cli.main(args) == 0
     rep = json.loads(out.with_suffix(".json").read_text())
     assert rep["schema"] == "ttsq-bench/1" and rep["steps"] == 24 and rep["batches"] == [1, 2]
+    assert rep["compile"] is False  # by default the step is compiled on CUDA only
     for name in ("fp32", "int8", "int8@bf16"):  # NAME@DTYPE: the recipe's float parts in DTYPE
         r = rep["ttsq"][name]
         assert set(r["steps_per_s"]) == {"1", "2"} and all(v > 0 for v in r["steps_per_s"].values())

@@ -10,6 +10,7 @@ holding chattts 0.2.5; ttsq never imports it). The ratio is taken per batch.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import os
 import platform
@@ -33,14 +34,14 @@ STEPS_PER_S = 46.875  # GPT steps per second of audio
 
 @dataclass
 class BenchConfig:
-    precisions: list[str] = field(default_factory=lambda: ["fp32", "bf16", "fp16", "int8", "int4"])
+    precisions: list[str] = field(default_factory=lambda: ["fp32", "bf16", "fp16", "int8", "int8@bf16", "int4"])
     batches: list[int] = field(default_factory=lambda: [1, 8, 64])
     steps: int = 470  # 10 s of audio
     device: str | None = None
     dims: str = "chattts"  # or "tiny" (CI)
     repeats: int = 3
     prompt: int = 32
-    compile: bool = False  # torch.compile the block and sampler under the CUDA graphs
+    compile: bool | None = None  # torch.compile the decode step under the CUDA graphs; None: on CUDA only
     kernels: bool | None = None  # the Triton decode step at batch <= 2: None where it runs (CUDA), or forced on/off
     chattts_python: str | None = None
     chattts_timeout: int = 1800
@@ -231,6 +232,8 @@ def run_bench(cfg: BenchConfig, progress=print, on_update=None) -> dict:
     """The chattts side first, then ttsq per precision. on_update(report) is called after each part, with
     report["complete"] False until the end, so a run cut short keeps what it measured, baseline included."""
     dev = torch.device(cfg.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    if cfg.compile is None:  # the fast GPU path; on the CPU compiling costs more than it saves in a bench
+        cfg = dataclasses.replace(cfg, compile=dev.type == "cuda")
     report = {
         "schema": "ttsq-bench/1", "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "device": str(dev), "hardware": torch.cuda.get_device_name(dev) if dev.type == "cuda"

@@ -235,7 +235,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(func=cmd_export)
 
     s = sub.add_parser("bench", help="ttsq and the chattts package side by side: steps/s, RTF, first audio, memory")
-    s.add_argument("--precisions", default="fp32,bf16,fp16,int8,int4",
+    s.add_argument("--precisions", default="fp32,bf16,fp16,int8,int8@bf16,int4",
                    help="recipes; NAME@DTYPE runs a quantized recipe's float parts in DTYPE (int8@bf16)")
     s.add_argument("--batches", default="1,8,64")
     s.add_argument("--steps", type=int, default=470, help="GPT steps per sequence (470 = 10 s of audio)")
@@ -244,8 +244,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--repeats", type=int, default=3, help="timed runs per figure (medians)")
     s.add_argument("--chattts-python", help="a Python that can `import ChatTTS` (e.g. a venv made by "
                    "tests/fixtures/make_refenv.sh); without it the chattts side is skipped")
-    s.add_argument("--compile", action="store_true", help="torch.compile ttsq's decode step under its CUDA graphs "
-                   "(the fast GPU path; compile time is excluded from the timings)")
+    s.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
+                   help="torch.compile ttsq's decode step under its CUDA graphs (the fast GPU path; compile time is "
+                   "excluded from the timings); default: on CUDA only")
     add_kernels_option(s)
     s.add_argument("--out", default="benchmarks/results/bench", help="writes OUT.json and OUT.md")
     s.add_argument("--force", action="store_true", help="replace existing results")
