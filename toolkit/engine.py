@@ -109,6 +109,7 @@ class DecodeState:
         self.noise = torch.ones(chunk, B * Q, V, **z)
         self.hidden = torch.zeros(B, chunk, D, dtype=dtype, **z)
         self.codes = torch.zeros(B, chunk, Q, dtype=torch.long, **z)
+        self.arrived = torch.zeros(B, dtype=torch.int32, **z)  # kernels.py's sampling launch counts here, back to 0
 
 
 def decode_step(gpt: GPT, s: DecodeState, p: SamplingParams, chunk: int,

@@ -407,7 +407,7 @@ def _sample_feed_kernel(logits_ptr, hist_ptr, temp_ptr, noise_ptr, step_ptr, min
             seen += (v == tl.load(hist_ptr + n * W + w, mask=w < W, other=V)).to(tl.float32)
         alpha = tl.exp2(seen * log2_penalty)
     bar_eos = step < tl.load(min_new_ptr)
-    if q == 0:  # the bookkeeping that needs no code: h is the final norm's, three launches back
+    if q == 0:  # the bookkeeping that needs no code: h is the final norm's, two launches back
         d = tl.arange(0, BLOCK_D)
         tl.store(hidden_ptr + (b * CHUNK + j) * D + d, tl.load(h_ptr + b * D + d, mask=d < D), mask=d < D)
         tl.store(rope_ptr + b, tl.load(rope_base_ptr + b) + step)
@@ -584,18 +584,6 @@ def decode_forward(gpt: GPT, x: Tensor, input_pos: Tensor, rope_pos: Tensor, out
     return rmsnorm(h, gpt.norm, out, step)[:, None]
 
 
-_ARRIVALS: dict[torch.device, list[Tensor]] = {}
-
-
-def _arrivals(B: int, device: torch.device) -> Tensor:
-    """The sampling launch's arrival counts per batch row, int32 zeros (every launch leaves them at zero). Kept
-    for good, outgrown ones too: captured steps point at them."""
-    kept = _ARRIVALS.setdefault(device, [])
-    if not kept or kept[-1].numel() < B:
-        kept.append(torch.zeros(max(B, 16), dtype=torch.int32, device=device))
-    return kept[-1]
-
-
 def fused_sampling(gpt: GPT, p: SamplingParams) -> bool:
     """Whether _sample_feed_kernel covers these settings: a top-k below the vocabulary (ChatTTS samples the best
     20 of 626) and plain code embeddings."""
@@ -618,7 +606,7 @@ def decode_step(gpt: GPT, s: DecodeState, p: SamplingParams, chunk: int, sample=
     penalty, k = p.repetition_penalty, p.top_k_for(V)
     _sample_feed_kernel[(B, Q)](
         logits, s.history, s.temperature, s.noise, s.step, s.min_new, gpt.emb_code.weight, s.h, s.hidden, s.codes,
-        s.finished, s.lengths, x, s.prompt_len, s.rope_base, slot, rope, _arrivals(B, s.h.device), V, W, D, chunk,
+        s.finished, s.lengths, x, s.prompt_len, s.rope_base, slot, rope, s.arrived, V, W, D, chunk,
         cfg.eos_code, k, p.top_p, min(p.min_keep, k), math.log2(penalty), Q=Q, PENALTY=penalty != 1.0,
         TOP_P=p.top_p < 1.0, BLOCK_Q=triton.next_power_of_2(Q), BLOCK_V=triton.next_power_of_2(V),
         BLOCK_D=triton.next_power_of_2(D), BLOCK_W=W,
