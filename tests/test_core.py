@@ -217,7 +217,9 @@ def test_cli_synth_info_and_errors(tiny_dir, tmp_path):
     r = ttsq("synth", "hi", "-o", str(tmp_path / "y.wav"), "--model", str(tmp_path / "missing"))
     assert r.returncode == 2 and "not found" in r.stderr and "Traceback" not in r.stderr
     r = ttsq("synth", "hi", "-o", str(tmp_path / "no" / "dir.wav"), "--model", str(tiny_dir), "--max-steps", "4")
-    assert r.returncode == 2 and "does not exist" in r.stderr
+    assert r.returncode == 2 and "does not exist" in r.stderr and "sentences" not in r.stderr  # said before speaking
+    r = ttsq("synth", "hi", "-o", str(tmp_path), "--model", str(tiny_dir), "--max-steps", "4")
+    assert r.returncode == 2 and "is a folder" in r.stderr and "sentences" not in r.stderr
     r = ttsq("info", str(tiny_dir), "--json")
     assert r.returncode == 0, r.stderr
     info = json.loads(r.stdout)

@@ -37,10 +37,10 @@ def add_kernels_option(s) -> None:
 
 
 def cmd_synth(a) -> int:
+    from .audio import check_wav_path
+
     text = sys.stdin.read() if a.text == "-" else a.text
-    out = Path(a.output)
-    if out.exists() and not a.force:
-        raise FileExistsError(f"{out} already exists; pass --force to overwrite it, or choose another -o")
+    out = check_wav_path(a.output, force=a.force)  # before the model loads and the text is spoken
     if a.model and (Path(a.model) / "onnx_manifest.json").is_file():
         return _synth_onnx(a, text, out)  # a `ttsq export` folder: the torch-free runtime
     from . import SamplingParams, Synthesizer
