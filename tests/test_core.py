@@ -440,7 +440,8 @@ def test_engine_lead_steps_queue_the_next_chunk_before_handing_one_over(tiny_syn
             assert_same_chunks(plain, ahead)
             ended_by_eos += bool(plain[-1].finished.all()) and plain[-1].start + plain[-1].codes.shape[1] < 100
             calls = []
-            stopped = list(engine.stream(emb, valid, params, seed=seed, should_stop=lambda: calls.append(1) or len(calls) >= 2))
+            stopped = list(engine.stream(emb, valid, params, seed=seed,
+                                         should_stop=lambda: calls.append(1) or len(calls) >= 2))
             assert len(stopped) == min(2, len(plain))
     assert ended_by_eos  # the early end was exercised, not only max_new_tokens
 
