@@ -47,7 +47,8 @@ CACHE_BUCKET = 256  # cache lengths are rounded up to this, so new lengths rarel
 MAX_GRAPHS = 32
 PREFILL_BUCKET = 32  # prompt lengths are padded to this (on CUDA), so a few shapes and graphs serve every prompt
 # steps of the next chunk queued before the host waits on a chunk's EOS flags: the GPU idled ~190 us per chunk
-# while the host checked (13 us per step at batch 1 on the H200, results/timeline_int4_b1_kernels_dequant_early_h200.txt)
+# while the host checked (13 us per step at batch 1 on the H200,
+# benchmarks/results/timeline_int4_b1_kernels_dequant_early_h200.txt)
 LEAD_STEPS = 2
 KERNELS_MAX_BATCH = 2  # the Triton step reads the weights once per row: at batch 4 cuBLAS's GEMMs win on the H200
 
