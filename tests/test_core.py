@@ -419,6 +419,8 @@ def test_engine_lead_steps_queue_the_next_chunk_before_handing_one_over(tiny_syn
     emb, valid = encode_prompts(tiny_synth.model, ["lead steps."], tiny_synth.speaker_vector(0))
     params = SamplingParams(max_new_tokens=100, temperature=1.0, top_p=1.0)
     plain_engine = Engine(tiny_synth.model.gpt, lead_steps=0)
+    # where the pieces handed over end: at first_yield, at each multiple of the chunk and at max_new_tokens
+    ends = sorted({5, 100, *range(plain_engine.chunk, 100, plain_engine.chunk)})
     ended_by_eos = 0
     for lead in (2, 5):
         engine = Engine(tiny_synth.model.gpt, lead_steps=lead)
@@ -431,9 +433,7 @@ def test_engine_lead_steps_queue_the_next_chunk_before_handing_one_over(tiny_syn
             ahead = []
             for c in engine.stream(emb, valid, params, seed=seed, first_yield=5):
                 end = c.start + c.codes.shape[1]
-                # the steps run when a chunk arrives: its own, plus `lead` of the next piece (or all of a shorter one),
-                # the pieces ending at first_yield, at each multiple of the chunk and at max_new_tokens
-                ends = sorted({5, 100, *range(engine.chunk, 100, engine.chunk)})
+                # the steps run when a chunk arrives: its own, plus `lead` of the next piece (or all of a shorter one)
                 following = next((e - end for e in ends if e > end), 0)
                 assert len(ran) == end + min(lead, following)
                 ahead.append(c)

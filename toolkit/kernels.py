@@ -398,17 +398,17 @@ def _sample_feed_kernel(logits_ptr, hist_ptr, temp_ptr, noise_ptr, step_ptr, min
     step = tl.load(step_ptr)
     j = step % CHUNK
     v = tl.arange(0, BLOCK_V)
+    d = tl.arange(0, BLOCK_D)
     live = v < V
     temperature = tl.load(temp_ptr + n)
     noise = tl.load(noise_ptr + (j * tl.num_programs(0) * Q + n) * V + v, mask=live, other=1.0)
     if PENALTY:  # V marks an empty slot of the window
         seen = tl.zeros((BLOCK_V,), tl.float32)
-        for w in tl.static_range(BLOCK_W):
-            seen += (v == tl.load(hist_ptr + n * W + w, mask=w < W, other=V)).to(tl.float32)
+        for w in tl.static_range(BLOCK_W):  # BLOCK_W == W, unrolled: the window's loads all go out at once
+            seen += (v == tl.load(hist_ptr + n * W + w)).to(tl.float32)
         alpha = tl.exp2(seen * log2_penalty)
     bar_eos = step < tl.load(min_new_ptr)
     if q == 0:  # the bookkeeping that needs no code: h is the final norm's, two launches back
-        d = tl.arange(0, BLOCK_D)
         tl.store(hidden_ptr + (b * CHUNK + j) * D + d, tl.load(h_ptr + b * D + d, mask=d < D), mask=d < D)
         tl.store(rope_ptr + b, tl.load(rope_base_ptr + b) + step)
         if b == 0:
@@ -448,7 +448,6 @@ def _sample_feed_kernel(logits_ptr, hist_ptr, temp_ptr, noise_ptr, step_ptr, min
         finished = (tl.load(finished_ptr + b) != 0) | (hit_eos != 0)
         tl.store(finished_ptr + b, finished.to(finished_ptr.dtype.element_ty))
         tl.store(lengths_ptr + b, tl.load(lengths_ptr + b) + (1 - finished.to(tl.int64)))
-        d = tl.arange(0, BLOCK_D)
         rows = tl.load(emb_ptr + (qs * V + codes)[:, None] * D + d[None, :], mask=(qs < Q)[:, None] & (d < D)[None, :],
                        other=0.0)
         tl.store(x_ptr + b * D + d, tl.sum(rows.to(tl.float32), 0).to(x_ptr.dtype.element_ty), mask=d < D)
