@@ -141,6 +141,21 @@ def test_save_never_overwrites_unasked(tiny_dir, tmp_path):
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temp folders left
 
 
+
+def test_save_fp16_weights_halve_the_file_and_load_back_as_fp32(tiny_dir, tmp_path):
+    model = load_model(tiny_dir)
+    full = save_ttsq(model, tmp_path / "fp32")
+    half = save_ttsq(model, tmp_path / "fp16", weights_dtype=torch.float16)
+    size = lambda d: (d / "model.safetensors").stat().st_size  # noqa: E731
+    assert 0.45 < size(half) / size(full) < 0.55
+    assert json.loads((half / "manifest.json").read_text())["weights_dtype"] == "float16"
+    back = load_model(half)
+    w, w_back = model.gpt.state_dict(), back.gpt.state_dict()
+    for k, v in w.items():
+        if v.is_floating_point():
+            assert w_back[k].dtype == torch.float32
+            assert torch.equal(w_back[k], v.half().float()), k
+
 # --- pipeline ----------------------------------------------------------------------------------
 def test_pipeline_shapes_lengths_and_reproducibility(tiny_synth):
     texts = ["hello world.", "你好世界，今天天气很不错。 we go!"]

@@ -296,6 +296,33 @@ def test_alignment_check_reads_along_the_text_on_a_training_sentence(tmp_path):
     assert all(0 <= r["off_diagonal_mass"] <= 1 for r in rows.values())
 
 
+def test_export_takes_a_decoder_trained_apart_and_stores_fp16(tmp_path):
+    """--decoder-from (the Decoder a GPU run sends back alone, in fp16) replaces the run's own in the export, and
+    --export-fp16 stores every weight in fp16: the model loads them back as fp32, equal to the fp16-rounded ones."""
+    import json
+
+    import torch
+    from safetensors.torch import save_file
+
+    from toolkit.synthesizer import load_model
+    from toolkit.voice.train import load_state, main, sub_state
+
+    run = tmp_path / "run"
+    main(["--smoke", "--out", str(run)])
+    state = load_state(run, "gpt")[0]
+    trained_apart = {k: (0.5 * v).half() for k, v in sub_state(state, "decoder.").items()}
+    save_file(trained_apart, str(tmp_path / "decoder.safetensors"))
+    main(["--smoke", "--data", str(run / "corpus" / "pack"), "--resume", str(run), "--stages", "",
+          "--export", str(tmp_path / "model"), "--decoder-from", str(tmp_path / "decoder.safetensors"),
+          "--export-fp16"])
+    assert json.loads((tmp_path / "model" / "manifest.json").read_text())["weights_dtype"] == "float16"
+    model = load_model(tmp_path / "model")
+    for k, v in model.decoder.state_dict().items():
+        assert v.dtype == torch.float32 and torch.equal(v, trained_apart[k].float()), k
+    for k, v in model.gpt.state_dict().items():
+        assert torch.equal(v, state[f"gpt.{k}"].half().float()), k
+
+
 @needs_espeak
 @pytest.mark.skipif(not (SHIPPED / "manifest.json").is_file(), reason="no shipped voice")
 def test_measure_scores_held_out_sentences_and_the_vocoders_ceiling(tmp_path):
@@ -311,6 +338,9 @@ def test_measure_scores_held_out_sentences_and_the_vocoders_ceiling(tmp_path):
     for key in ("dnsmos_ovrl_synth", "dnsmos_ovrl_reference", "dnsmos_ovrl_vocoded_reference"):
         assert 1.0 <= res[key][0] <= 5.0, (key, res[key])  # (mean, lo, hi)
     assert res["mcd_db_vocoded_reference"][0] < res["mcd_db"][0], res
+    rows = res["per_sentence"]  # what a paired comparison of two models reads
+    assert [r["id"] for r in rows] == [f"he{i:05d}" for i in range(2)]
+    assert np.mean([r["mcd_db"] for r in rows]) == pytest.approx(res["mcd_db"][0])
     alone = main(["--corpus", str(tmp_path / "corpus"), "--n", "2", "--dnsmos", "2", "--vocoder-only"])
     assert "mcd_db" not in alone and "dnsmos_ovrl_synth" not in alone  # no GPT ran
     for key in ("dnsmos_ovrl_reference", "dnsmos_ovrl_vocoded_reference", "mcd_db_vocoded_reference"):

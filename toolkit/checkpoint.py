@@ -288,17 +288,22 @@ def load_ttsq(root: Path, manifest: dict | None = None) -> TTSModel:
     return model.eval().requires_grad_(False)
 
 
-def save_ttsq(model: TTSModel, out: str | Path, *, force: bool = False, extra: dict | None = None) -> Path:
-    """Write fp32 weights atomically: a temporary folder, then a rename. An existing folder needs force."""
+def save_ttsq(model: TTSModel, out: str | Path, *, force: bool = False, extra: dict | None = None,
+              weights_dtype: torch.dtype = torch.float32) -> Path:
+    """Write the weights atomically: a temporary folder, then a rename. An existing folder needs force.
+    weights_dtype=torch.float16 stores them at half the size; load_ttsq widens them to fp32 again, so the model
+    still computes (and is the reference) at fp32, with fp16-rounded weights."""
     from safetensors.torch import save_file
 
     out = Path(out)
     with atomic_dir(out, force=force) as tmp:
-        state = {k: v.detach().contiguous().cpu() for k, v in split_state(model).items()}
+        state = {k: (v.to(weights_dtype) if v.is_floating_point() else v).detach().contiguous().cpu()
+                 for k, v in split_state(model).items()}
         save_file(state, str(tmp / "model.safetensors"))
         shutil.copyfile(model.tokenizer.path, tmp / "tokenizer.json")
-        write_manifest(tmp, {"precision": "fp32", "config": model.cfg.to_dict(),
-                             "frontend": getattr(model, "frontend", None), **(extra or {})})
+        write_manifest(tmp, {"precision": "fp32", "weights_dtype": str(weights_dtype).removeprefix("torch."),
+                             "config": model.cfg.to_dict(), "frontend": getattr(model, "frontend", None),
+                             **(extra or {})})
     return out
 
 

@@ -673,6 +673,10 @@ def export(args) -> Path:
     g, d, v = load_state(args.resume, "gpt"), load_state(args.resume, "dvae"), load_state(args.resume, "vocos")
     if not (g and d and v):
         raise SystemExit(f"{args.resume} lacks one of gpt/dvae/vocos checkpoints")
+    if args.decoder_from:  # a Decoder trained apart (benchmarks/voice_decoder_h200.sh) in place of the run's own
+        from safetensors.torch import load_file
+        kept = {k: t for k, t in g[0].items() if not k.startswith("decoder.")}
+        g = ({**kept, **{f"decoder.{k}": t.float() for k, t in load_file(str(args.decoder_from)).items()}}, g[1])
     model = TTSModel(run_decoder_config(voice_config(tok.vocab_size, args.smoke), g[0]), tok)
     model.gpt.load_state_dict(sub_state(g[0], "gpt."))
     model.decoder.load_state_dict(sub_state(g[0], "decoder."))
@@ -686,7 +690,8 @@ def export(args) -> Path:
              "voice": {"speakers": info["speakers"], "languages": ["en", "zh"],
                        "trained_steps": {"gpt": g[1]["step"], "dvae": d[1]["step"], "vocos": v[1]["step"]},
                        "corpus": {k: info[k] for k in ("utterances", "train_seconds", "seed") if k in info}}}
-    out = save_ttsq(model, args.export, force=True, extra=extra)
+    out = save_ttsq(model, args.export, force=True, extra=extra,
+                    weights_dtype=torch.float16 if args.export_fp16 else torch.float32)
     print(f"exported {out} ({sum(f.stat().st_size for f in Path(out).iterdir()) / 1e6:.1f} MB), "
           f"params {model.parameter_counts()}")
     return out
@@ -783,6 +788,10 @@ def main(argv=None):
     ap.add_argument("--probe", action="store_true", help="free-running generation check at the end")
     ap.add_argument("--smoke", action="store_true", help="tiny corpus + tiny model on CPU, a few steps")
     ap.add_argument("--export", type=Path, default=None, help="write a ttsq model folder from --resume")
+    ap.add_argument("--export-fp16", action="store_true",
+                    help="with --export: store the weights in fp16 (half the size; they load as fp32)")
+    ap.add_argument("--decoder-from", type=Path, default=None,
+                    help="with --export: the Decoder's weights from this safetensors file instead of --resume's")
     ap.add_argument("--encoder-to", type=Path, default=None,
                     help="with --export: also write the run's DVAE encoder (fp16) into this folder")
     ap.add_argument("--from-voice", type=Path, default=None, help="write --out's gpt/dvae/vocos checkpoints from "

@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# One GPU call (`run` with carry [".espeak"]): build the codes+mels corpus there, then train a Decoder, alone, on the
+# shipped voice's frozen GPT states (`train --freeze-gpt`, the GPT bit for bit the shipped one's). Only the Decoder's
+# weights come back ($OUT/decoder.safetensors, fp16), with the training log; `toolkit.voice.train --export --decoder-from` puts
+# them into a voice folder beside the shipped GPT, DVAE and vocoder.
+#   bash benchmarks/voice_decoder_h200.sh UTTERANCES DEADLINE_SECONDS [toolkit.voice.train options...]
+# The training gets what is left of DEADLINE_SECONDS after the corpus, less a margin for the export of the weights.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+utterances=${1:?number of training utterances}
+deadline=${2:?seconds the whole script may take}
+shift 2
+t0=$(date +%s)
+source benchmarks/device_env.sh
+export PYTHONUNBUFFERED=1
+out=${OUT:-runs/decoder_out}
+mkdir -p "$out"
+python3 -m toolkit.voice.corpus --out runs/corpus_mel --train "$utterances" --heldout 100 --seed 0 \
+  --codes-from toolkit/assets/voice --keep-mels --vocoder-seconds 0 --workers 14 2>&1 | tail -3
+python3 -m toolkit.voice.train --from-voice toolkit/assets/voice --from-voice-fp32 --out runs/ckpt_in32
+minutes=$(python3 -c "print(round(($deadline - ($(date +%s) - $t0) - 45) / 60, 2))")
+echo "corpus and checkpoints: $(( $(date +%s) - t0 )) s; training for $minutes minutes"
+python3 -m toolkit.voice.train --data runs/corpus_mel/pack --resume runs/ckpt_in32 --stages gpt --out runs/dec \
+  --freeze-gpt --gpt-minutes "$minutes" --device cuda --save-every 0 "$@" > "$out/train_log.jsonl"
+tail -3 "$out/train_log.jsonl"
+python3 - "$out/decoder.safetensors" <<'EOF'
+import sys
+from pathlib import Path
+from safetensors.torch import save_file
+from toolkit.voice.train import load_state, sub_state
+state, meta = load_state(Path("runs/dec"), "gpt")
+# fp16: a file comes back from the device only under 16 MiB (a 7.3 M-parameter Decoder is 29 MB in fp32)
+save_file({k: v.half().contiguous() for k, v in sub_state(state, "decoder.").items()}, sys.argv[1],
+          metadata={"step": str(meta.get("step", 0))})
+EOF
+echo "total: $(( $(date +%s) - t0 )) s"
