@@ -434,3 +434,28 @@ def test_code_loss_weighs_the_eos_target():
     torch.testing.assert_close(code_loss(logits, target, 625), each.mean())
     weighted = (each[:-4].sum() + 3 * each[-4:].sum()) / (20 + 3 * 4)
     torch.testing.assert_close(code_loss(logits, target, 625, 3.0), weighted)
+
+
+def test_paired_comparison_of_two_measure_results(tmp_path):
+    """measure --paired: NEW - BASE on the sentences both results hold, with a paired bootstrap CI; a sentence that
+    one model failed (nan) drops out of that figure only."""
+    import json
+
+    from toolkit.voice.measure import main
+
+    rng = np.random.default_rng(0)
+    base = [{"id": f"he{i:05d}", "dnsmos_ovrl": float(x), "mcd_db": 8.0 + float(x), "duration_ratio": 1.0}
+            for i, x in enumerate(rng.normal(2.2, 0.3, 20))]
+    new = [{**r, "dnsmos_ovrl": r["dnsmos_ovrl"] + 0.1 + 0.01 * i, "mcd_db": r["mcd_db"] - 0.2}
+           for i, r in enumerate(base[1:])]  # he00000 was not measured by the new model
+    new[0]["mcd_db"] = float("nan")
+    for name, rows in (("base", base), ("new", new)):
+        (tmp_path / f"{name}.json").write_text(json.dumps({"per_sentence": rows}))
+    res = main(["--paired", str(tmp_path / "base.json"), str(tmp_path / "new.json")])
+    assert res["sentences"] == 19
+    mean, lo, hi = res["dnsmos_ovrl"]
+    assert mean == pytest.approx(0.1 + 0.01 * 9) and 0.1 < lo < mean < hi < 0.28  # differences span 0.10-0.28
+    assert res["mcd_db"][0] == pytest.approx(-0.2) and res["duration_ratio"][0] == pytest.approx(0.0)
+    (tmp_path / "other.json").write_text(json.dumps({"per_sentence": [{**base[0], "id": "zz"}]}))
+    with pytest.raises(SystemExit, match="no sentence is in both"):
+        main(["--paired", str(tmp_path / "base.json"), str(tmp_path / "other.json")])

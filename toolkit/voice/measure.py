@@ -2,6 +2,7 @@
 
     python -m toolkit.voice.measure --corpus corpus [--model toolkit/assets/voice] [--n 100]
         [--json docs/voice/measure.json] [--pictures docs/voice]
+    python -m toolkit.voice.measure --paired BASE.json NEW.json    # NEW - BASE, sentence by sentence
 
 Figures: mean DTW-MCD vs the espeak reference (ESPnet settings, evaluation.metrics.mcd) with a bootstrap CI;
 the duration ratio synthesized/reference and the share within +-25%; DNSMOS overall (synthesized and reference);
@@ -80,9 +81,28 @@ def picture(ref: np.ndarray, syn: np.ndarray, title: str, path: Path) -> None:
     plt.close(fig)
 
 
+def paired(base: dict, new: dict) -> dict:
+    """NEW - BASE per sentence (two --json results on the same sentences), with paired bootstrap CIs: tighter than
+    comparing the two means' own intervals, since each sentence's difficulty cancels."""
+    from evaluation.metrics import bootstrap_diff_ci
+
+    rows = {r["id"]: r for r in base.get("per_sentence", [])}
+    pairs = [(rows[r["id"]], r) for r in new.get("per_sentence", []) if r["id"] in rows]
+    if not pairs:
+        raise SystemExit("no sentence is in both results: measure both with --json on the same corpus")
+    out = {"sentences": len(pairs)}
+    for key in ("dnsmos_ovrl", "mcd_db", "duration_ratio"):
+        both = [(b[key], n[key]) for b, n in pairs if b[key] is not None and n[key] is not None
+                and np.isfinite(b[key]) and np.isfinite(n[key])]
+        if both:
+            b, n = np.array(both).T
+            out[key] = bootstrap_diff_ci(n, b)
+    return out
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--corpus", type=Path, required=True)
+    ap.add_argument("--corpus", type=Path, default=None)
     ap.add_argument("--model", type=Path, default=None, help="default: the shipped voice")
     ap.add_argument("--n", type=int, default=100)
     ap.add_argument("--seed", type=int, default=0)
@@ -95,7 +115,14 @@ def main(argv=None):
     ap.add_argument("--top-p", type=float, default=None, help="top-p (default: ChatTTS's)")
     ap.add_argument("--vocoder-only", action="store_true",
                     help="only the copy-synthesis figures (the vocoder on the references' log-mels): no GPT")
+    ap.add_argument("--paired", type=Path, nargs=2, metavar=("BASE", "NEW"), default=None,
+                    help="compare two --json results sentence by sentence (NEW - BASE) and stop; no --corpus needed")
     a = ap.parse_args(argv)
+    if a.paired:
+        base, new = (json.loads(f.read_text()) for f in a.paired)
+        return report(paired(base, new), a)
+    if a.corpus is None:
+        ap.error("--corpus is required (except with --paired)")
 
     import soundfile as sf
 
