@@ -48,16 +48,22 @@ def test_ratio_to_chattts_in_the_table():
 
 
 def test_bench_keeps_what_it_measured_part_by_part():
-    """The chattts baseline comes first and the report is handed over after every part: a run cut short by a time
-    limit still has a same-run baseline and every precision it finished, marked incomplete."""
+    """The chattts baseline comes first and the report is handed over after every part, each batch of each
+    precision included: a run cut short by a time limit still has a same-run baseline and every batch it finished,
+    marked incomplete."""
     from toolkit.bench import BenchConfig, run_bench
-    snapshots = []
-    cfg = BenchConfig(["fp32", "bf16"], [1], steps=16, device="cpu", dims="tiny", repeats=1)
-    run_bench(cfg, progress=lambda m: None, on_update=lambda r: snapshots.append(json.loads(json.dumps(r))))
-    assert [sorted(s["ttsq"]) for s in snapshots] == [[], ["fp32"], ["bf16", "fp32"], ["bf16", "fp32"]]
-    assert all(s["chattts"]["1"] for s in snapshots)
-    assert [s["complete"] for s in snapshots] == [False, False, False, True]
+    snapshots, said = [], []
+    cfg = BenchConfig(["fp32", "bf16"], [1, 2], steps=16, device="cpu", dims="tiny", repeats=1)
+    run_bench(cfg, progress=said.append, on_update=lambda r: snapshots.append(json.loads(json.dumps(r))))
+    measured = [{name: sorted(row["steps_per_s"]) for name, row in s["ttsq"].items()} for s in snapshots]
+    assert measured == [{}, {"fp32": ["1"]}, {"fp32": ["1", "2"]}, {"fp32": ["1", "2"]},
+                        {"fp32": ["1", "2"], "bf16": ["1"]}] + [{"fp32": ["1", "2"], "bf16": ["1", "2"]}] * 3
+    assert ["rtf" in s["ttsq"].get("fp32", {}) for s in snapshots] == [False] * 3 + [True] * 5  # once b1..b2 are done
+    assert all(s["chattts"]["1"] and s["chattts"]["2"] for s in snapshots)
+    assert [s["complete"] for s in snapshots] == [False] * 7 + [True]
     assert "incomplete" in markdown(snapshots[1]) and "incomplete" not in markdown(snapshots[-1])
+    assert "| fp32 |" in markdown(snapshots[1])  # a partial row is a table row, its missing batches "–"
+    assert any(m.startswith("ttsq bf16 batch 2: ") and "steps/s" in m for m in said)
 
 
 def test_kernels_option_reaches_the_engine_and_the_report(tiny_dir):

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
 import json
 import os
 import platform
@@ -127,7 +128,9 @@ def quantized_copy(base: TTSModel, dev: torch.device, precision: str) -> TTSMode
     return model
 
 
-def bench_precision(base: TTSModel, name: str, cfg: BenchConfig, dev: torch.device) -> dict:
+def bench_precision(base: TTSModel, name: str, cfg: BenchConfig, dev: torch.device, on_batch=None) -> dict:
+    """One precision's row. on_batch(row, B) is called after each batch, so a run cut short keeps the batches that
+    finished (one compile per batch size can take minutes: int8@bf16 at batch 8 on the H200)."""
     # peak memory counts what this precision allocates, not the fp32 base it is copied from or whatever earlier
     # precisions left allocated: later precisions of a run used to read higher (int4 2503 MiB third, 1525 first)
     held = torch.cuda.memory_allocated(dev) if dev.type == "cuda" else 0
@@ -147,12 +150,14 @@ def bench_precision(base: TTSModel, name: str, cfg: BenchConfig, dev: torch.devi
                               kernels=cfg.kernels)
         except Exception as e:  # noqa: BLE001 - recorded per batch; the other batches still run
             row.setdefault("errors", {})[str(B)] = f"{type(e).__name__}: {e}"[:300]
-            continue
-        row.setdefault("bench_wall_s", {})[str(B)] = round(time.perf_counter() - t0, 1)  # incl. compile, capture
-        row["steps_per_s"][str(B)] = sps
-        row["audio_s_per_s"][str(B)] = sps * B / STEPS_PER_S
-        if dev.type == "cuda":
-            row["peak_mem_bytes"][str(B)] = torch.cuda.max_memory_allocated(dev) - held
+        else:
+            row.setdefault("bench_wall_s", {})[str(B)] = round(time.perf_counter() - t0, 1)  # incl. compile, capture
+            row["steps_per_s"][str(B)] = sps
+            row["audio_s_per_s"][str(B)] = sps * B / STEPS_PER_S
+            if dev.type == "cuda":
+                row["peak_mem_bytes"][str(B)] = torch.cuda.max_memory_allocated(dev) - held
+        if on_batch:
+            on_batch(row, B)
     if "1" in row["steps_per_s"]:  # RTF and first audio are batch-1 figures
         row["first_audio_parts"] = {}
         row["rtf"], row["time_to_first_audio_s"] = utterance_timing(model, cfg.steps, dev, prompt=cfg.prompt,
@@ -249,9 +254,16 @@ def run_bench(cfg: BenchConfig, progress=print, on_update=None) -> dict:
         progress(f"chattts batch {B}: {json.dumps(report['chattts'][str(B)])[:300]}")
     update(report)
     base = random_model(cfg.dims, dev)
+    def batch_done(name: str, row: dict, B: int) -> None:
+        report["ttsq"][name] = row
+        done = row["steps_per_s"].get(str(B))
+        progress(f"ttsq {name} batch {B}: " + (f"{done:.0f} steps/s in {row['bench_wall_s'][str(B)]} s with compile "
+                                                f"and capture" if done else f"failed: {row['errors'][str(B)]}"))
+        update(report)
+
     for name in cfg.precisions:
         try:
-            report["ttsq"][name] = bench_precision(base, name, cfg, dev)
+            report["ttsq"][name] = bench_precision(base, name, cfg, dev, functools.partial(batch_done, name))
         except Exception as e:  # noqa: BLE001 - one recipe failing (e.g. fp8 on CPU) must not hide the others
             report["ttsq"][name] = {"error": f"{type(e).__name__}: {e}"[:400]}
         progress(f"ttsq {name}: {json.dumps(report['ttsq'][name])}")
