@@ -109,6 +109,19 @@ def test_unsupported_pairings_name_alternatives(base):
         quantize(copy.deepcopy(base), "int8", device="cpu", float_dtype="fp64")
 
 
+@pytest.mark.parametrize("name", ["int8", "w8a8", "int4"])
+def test_quantize_leaves_the_process_inductor_config_alone(base, name):
+    """torchao's configs set inductor options for the whole process by default; ttsq's quantize must not, or every
+    later torch.compile in the user's process (other models included) runs with them."""
+    from torch._inductor import config
+
+    knobs = {"coordinate_descent_tuning": False, "coordinate_descent_check_all_directions": False,
+             "force_fuse_int_mm_with_mul": False}
+    with config.patch(knobs):  # inductor's own way to set options for a while
+        quantize(copy.deepcopy(base), name, device="cpu")
+        assert {key: getattr(config, key) for key in knobs} == knobs
+
+
 def test_float_dtype_runs_a_quantized_recipe_around_other_float_parts(base, tmp_path):
     """int8 weights with bf16 activations (float_dtype) quantize, synthesize and reload in that dtype."""
     model = copy.deepcopy(base)

@@ -100,10 +100,14 @@ def torchao_config(recipe: Recipe, device: torch.device, in_features: int):
     """The torchao config for one Linear, or None where the recipe cannot take its shape."""
     from torchao import quantization as q
 
+    # set_inductor_config=False: torchao's default sets process-wide inductor options (coordinate-descent tuning in
+    # all directions, among others) on every quantize_, which slows every later torch.compile in the process
+    keep = {"set_inductor_config": False}
     if recipe.weights == "int8":
-        return q.Int8DynamicActivationInt8WeightConfig() if recipe.activations == "int8" else q.Int8WeightOnlyConfig()
+        return (q.Int8DynamicActivationInt8WeightConfig(**keep) if recipe.activations == "int8"
+                else q.Int8WeightOnlyConfig(**keep))
     if recipe.weights == "fp8":
-        return q.Float8DynamicActivationFloat8WeightConfig(granularity=q.PerRow())
+        return q.Float8DynamicActivationFloat8WeightConfig(granularity=q.PerRow(), **keep)
     if recipe.weights == "int4":
         if in_features % recipe.group_size:
             return None
@@ -111,7 +115,7 @@ def torchao_config(recipe: Recipe, device: torch.device, in_features: int):
         algo = Int4ChooseQParamsAlgorithm.HQQ if recipe.hqq else Int4ChooseQParamsAlgorithm.TINYGEMM
         if device.type == "cuda":
             return q.Int4WeightOnlyConfig(group_size=recipe.group_size, int4_packing_format="tile_packed_to_4d",
-                                          int4_choose_qparams_algorithm=algo)
+                                          int4_choose_qparams_algorithm=algo, **keep)
         from torchao.prototype.quantization.int4 import PrototypeInt4WeightOnlyConfig
-        return PrototypeInt4WeightOnlyConfig(group_size=recipe.group_size, int4_choose_qparams_algorithm=algo)
+        return PrototypeInt4WeightOnlyConfig(group_size=recipe.group_size, int4_choose_qparams_algorithm=algo, **keep)
     raise UnsupportedRecipe(f"{recipe.name} is not a torchao recipe")
