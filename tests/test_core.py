@@ -141,7 +141,6 @@ def test_save_never_overwrites_unasked(tiny_dir, tmp_path):
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temp folders left
 
 
-
 def test_save_fp16_weights_halve_the_file_and_load_back_as_fp32(tiny_dir, tmp_path):
     model = load_model(tiny_dir)
     full = save_ttsq(model, tmp_path / "fp32")
@@ -155,6 +154,11 @@ def test_save_fp16_weights_halve_the_file_and_load_back_as_fp32(tiny_dir, tmp_pa
         if v.is_floating_point():
             assert w_back[k].dtype == torch.float32
             assert torch.equal(w_back[k], v.half().float()), k
+    model.gpt.norm.weight.data[0] = 1e5  # past fp16's range: refused, not stored as inf
+    with pytest.raises(ValueError, match="gpt.norm.weight.*float16"):
+        save_ttsq(model, tmp_path / "overflow", weights_dtype=torch.float16)
+    assert not (tmp_path / "overflow").exists()
+
 
 # --- pipeline ----------------------------------------------------------------------------------
 def test_pipeline_shapes_lengths_and_reproducibility(tiny_synth):

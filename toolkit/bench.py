@@ -254,6 +254,7 @@ def run_bench(cfg: BenchConfig, progress=print, on_update=None) -> dict:
         progress(f"chattts batch {B}: {json.dumps(report['chattts'][str(B)])[:300]}")
     update(report)
     base = random_model(cfg.dims, dev)
+
     def batch_done(name: str, row: dict, B: int) -> None:
         report["ttsq"][name] = row
         done = row["steps_per_s"].get(str(B))

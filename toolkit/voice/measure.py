@@ -189,10 +189,12 @@ def main(argv=None):
                      "sampling": {"ChatTTS defaults, except": chosen} if chosen else "ChatTTS defaults",
                      "speaker": "the held-out sentence's speaker, by voice name"},
     })
-    # per sentence, so that two models measured on the same sentences compare pairwise (paired_difference)
-    res["per_sentence"] = [{"id": it["id"], "lang": it["lang"], "speaker": it["speaker"], "mcd_db": mcds[i],
-                            "dnsmos_ovrl": dn_syn[i] if i < k else None, "duration_ratio": ratios[i], "eos": eos[i]}
-                           for i, it in enumerate(items)]
+    # per sentence, so that two models measured on the same sentences compare pairwise (--paired); None where a
+    # figure failed (JSON has no NaN)
+    finite = lambda x: float(x) if x is not None and np.isfinite(x) else None  # noqa: E731
+    res["per_sentence"] = [{"id": it["id"], "lang": it["lang"], "speaker": it["speaker"], "mcd_db": finite(mcds[i]),
+                            "dnsmos_ovrl": finite(dn_syn[i]) if i < k else None, "duration_ratio": ratios[i],
+                            "eos": eos[i]} for i, it in enumerate(items)]
     for lang in ("en", "zh"):
         sel = [i for i, it in enumerate(items) if it["lang"] == lang]
         m = [mcds[i] for i in sel if np.isfinite(mcds[i])]
