@@ -296,12 +296,16 @@ def save_ttsq(model: TTSModel, out: str | Path, *, force: bool = False, extra: d
     from safetensors.torch import save_file
 
     out = Path(out)
-    state = {k: (v.to(weights_dtype) if v.is_floating_point() else v).detach().contiguous().cpu()
-             for k, v in split_state(model).items()}
-    for k, v in state.items():
-        if v.is_floating_point() and not torch.isfinite(v).all():
-            raise ValueError(f"{k} does not fit in {str(weights_dtype).removeprefix('torch.')} (a value overflows "
-                             "or is not finite): save it in float32")
+    state = {}
+    for k, v in split_state(model).items():
+        v = v.detach().cpu()
+        if v.is_floating_point() and v.dtype != weights_dtype:
+            narrow = v.to(weights_dtype)
+            if (torch.isfinite(v) & ~torch.isfinite(narrow)).any():  # a NaN already there is kept, not refused
+                raise ValueError(f"{k} does not fit in {str(weights_dtype).removeprefix('torch.')} (a value "
+                                 "overflows): save it in float32")
+            v = narrow
+        state[k] = v.contiguous()
     with atomic_dir(out, force=force) as tmp:
         save_file(state, str(tmp / "model.safetensors"))
         shutil.copyfile(model.tokenizer.path, tmp / "tokenizer.json")
