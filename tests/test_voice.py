@@ -459,3 +459,6 @@ def test_paired_comparison_of_two_measure_results(tmp_path):
     (tmp_path / "other.json").write_text(json.dumps({"per_sentence": [{**base[0], "id": "zz"}]}))
     with pytest.raises(SystemExit, match="no sentence is in both"):
         main(["--paired", str(tmp_path / "base.json"), str(tmp_path / "other.json")])
+    (tmp_path / "seed1.json").write_text(json.dumps({"per_sentence": [{**base[0], "text": "another sentence"}]}))
+    with pytest.raises(SystemExit, match="ids name different texts"):
+        main(["--paired", str(tmp_path / "base.json"), str(tmp_path / "seed1.json")])

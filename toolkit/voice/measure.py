@@ -90,6 +90,10 @@ def paired(base: dict, new: dict) -> dict:
     pairs = [(rows[r["id"]], r) for r in new.get("per_sentence", []) if r["id"] in rows]
     if not pairs:
         raise SystemExit("no sentence is in both results: measure both with --json on the same corpus")
+    other = [b["id"] for b, n in pairs if b.get("text") != n.get("text")]  # ids repeat across corpora of other seeds
+    if other:
+        raise SystemExit(f"{len(other)} ids name different texts in the two results (first: {other[0]}): measure "
+                         "both on corpora of the same seed")
     out = {"sentences": len(pairs)}
     for key in ("dnsmos_ovrl", "mcd_db", "duration_ratio"):
         both = [(b[key], n[key]) for b, n in pairs if b[key] is not None and n[key] is not None
@@ -192,7 +196,8 @@ def main(argv=None):
     # per sentence, so that two models measured on the same sentences compare pairwise (--paired); None where a
     # figure failed (JSON has no NaN)
     finite = lambda x: float(x) if x is not None and np.isfinite(x) else None  # noqa: E731
-    res["per_sentence"] = [{"id": it["id"], "lang": it["lang"], "speaker": it["speaker"], "mcd_db": finite(mcds[i]),
+    res["per_sentence"] = [{"id": it["id"], "text": it["text"], "lang": it["lang"], "speaker": it["speaker"],
+                            "mcd_db": finite(mcds[i]),
                             "dnsmos_ovrl": finite(dn_syn[i]) if i < k else None, "duration_ratio": ratios[i],
                             "eos": eos[i]} for i, it in enumerate(items)]
     for lang in ("en", "zh"):
