@@ -23,14 +23,7 @@ echo "corpus and checkpoints: $(( $(date +%s) - t0 )) s; training for $minutes m
 python3 -m toolkit.voice.train --data runs/corpus_mel/pack --resume runs/ckpt_in32 --stages gpt --out runs/dec \
   --freeze-gpt --gpt-minutes "$minutes" --device cuda --save-every 0 "$@" > "$out/train_log.jsonl"
 tail -3 "$out/train_log.jsonl"
-python3 - "$out/decoder.safetensors" <<'EOF'
-import sys
-from pathlib import Path
-from safetensors.torch import save_file
-from toolkit.voice.train import load_state, sub_state
-state, meta = load_state(Path("runs/dec"), "gpt")
 # fp16: a file comes back from the device only under 16 MiB (a 7.3 M-parameter Decoder is 29 MB in fp32)
-save_file({k: v.half().contiguous() for k, v in sub_state(state, "decoder.").items()}, sys.argv[1],
-          metadata={"step": str(meta.get("step", 0))})
-EOF
+python3 -c "import sys; from toolkit.voice.train import save_part_fp16; save_part_fp16(*sys.argv[1:])" \
+  runs/dec gpt decoder. "$out/decoder.safetensors"
 echo "total: $(( $(date +%s) - t0 )) s"

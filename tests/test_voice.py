@@ -305,11 +305,16 @@ def test_export_takes_a_decoder_trained_apart_and_stores_fp16(tmp_path):
     from safetensors.torch import save_file
 
     from toolkit.synthesizer import load_model
-    from toolkit.voice.train import load_state, main, sub_state
+    from safetensors.torch import load_file
+
+    from toolkit.voice.train import load_state, main, save_part_fp16, sub_state
 
     run = tmp_path / "run"
     main(["--smoke", "--out", str(run)])
     state = load_state(run, "gpt")[0]
+    sent_back = load_file(str(save_part_fp16(run, "gpt", "decoder.", tmp_path / "sent_back.safetensors")))
+    assert sent_back.keys() == sub_state(state, "decoder.").keys()  # what the GPU script sends back
+    assert all(torch.equal(v, state[f"decoder.{k}"].half()) for k, v in sent_back.items())
     trained_apart = {k: (0.5 * v).half() for k, v in sub_state(state, "decoder.").items()}
     save_file(trained_apart, str(tmp_path / "decoder.safetensors"))
     main(["--smoke", "--data", str(run / "corpus" / "pack"), "--resume", str(run), "--stages", "",

@@ -296,20 +296,20 @@ def save_ttsq(model: TTSModel, out: str | Path, *, force: bool = False, extra: d
     from safetensors.torch import save_file
 
     out = Path(out)
+    dtype_name = str(weights_dtype).removeprefix("torch.")
     state = {}
     for k, v in split_state(model).items():
         v = v.detach().cpu()
         if v.is_floating_point() and v.dtype != weights_dtype:
             narrow = v.to(weights_dtype)
             if (torch.isfinite(v) & ~torch.isfinite(narrow)).any():  # a NaN already there is kept, not refused
-                raise ValueError(f"{k} does not fit in {str(weights_dtype).removeprefix('torch.')} (a value "
-                                 "overflows): save it in float32")
+                raise ValueError(f"{k} does not fit in {dtype_name} (a value overflows): save it in float32")
             v = narrow
         state[k] = v.contiguous()
     with atomic_dir(out, force=force) as tmp:
         save_file(state, str(tmp / "model.safetensors"))
         shutil.copyfile(model.tokenizer.path, tmp / "tokenizer.json")
-        write_manifest(tmp, {"precision": "fp32", "weights_dtype": str(weights_dtype).removeprefix("torch."),
+        write_manifest(tmp, {"precision": "fp32", "weights_dtype": dtype_name,
                              "config": model.cfg.to_dict(), "frontend": getattr(model, "frontend", None),
                              **(extra or {})})
     return out

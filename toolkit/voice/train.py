@@ -700,13 +700,18 @@ def export(args) -> Path:
 ENCODER_FILE = "dvae_encoder.safetensors"  # committed beside the model card: the GPT's codes come from it
 
 
+def save_part_fp16(resume: Path, name: str, prefix: str, out: Path) -> Path:
+    """The keys under `prefix` of a run's `name` checkpoint, unprefixed, as fp16 safetensors: one part of a run, light
+    enough to keep beside the model card or to come back from a GPU call (benchmarks/voice_decoder_h200.sh)."""
+    from safetensors.torch import save_file
+    state = sub_state(load_state(resume, name)[0], prefix)
+    save_file({k: v.half().contiguous() for k, v in state.items()}, str(out))
+    return Path(out)
+
+
 def save_encoder(resume: Path, folder: Path) -> Path:
     """The DVAE encoder of a run, in fp16 (4 MB): with the shipped voice it is all a later run needs to resume."""
-    from safetensors.torch import save_file
-    state = sub_state(load_state(resume, "dvae")[0], "enc.")
-    out = Path(folder) / ENCODER_FILE
-    save_file({k: v.half().contiguous() for k, v in state.items()}, str(out))
-    return out
+    return save_part_fp16(resume, "dvae", "enc.", Path(folder) / ENCODER_FILE)
 
 
 def checkpoints_from_voice(model_dir: Path, encoder: Path, out: Path, dtype: torch.dtype = torch.float16) -> None:
