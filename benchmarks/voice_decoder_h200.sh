@@ -5,6 +5,7 @@
 # them into a voice folder beside the shipped GPT, DVAE and vocoder.
 #   bash benchmarks/voice_decoder_h200.sh UTTERANCES DEADLINE_SECONDS [toolkit.voice.train options...]
 # The training gets what is left of DEADLINE_SECONDS after the corpus, less a margin for the export of the weights.
+# RESUME=DIR (a run folder with gpt and dvae checkpoints, carried) freezes that run's GPT instead of the shipped one's.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 utterances=${1:?number of training utterances}
@@ -17,10 +18,11 @@ out=${OUT:-runs/decoder_out}
 mkdir -p "$out"
 python3 -m toolkit.voice.corpus --out runs/corpus_mel --train "$utterances" --heldout 100 --seed 0 \
   --codes-from toolkit/assets/voice --keep-mels --vocoder-seconds 0 --workers 14 2>&1 | tail -3
-python3 -m toolkit.voice.train --from-voice toolkit/assets/voice --from-voice-fp32 --out runs/ckpt_in32
+resume=${RESUME:-runs/ckpt_in32}
+[ -n "${RESUME:-}" ] || python3 -m toolkit.voice.train --from-voice toolkit/assets/voice --from-voice-fp32 --out "$resume"
 minutes=$(python3 -c "print(round(($deadline - ($(date +%s) - $t0) - 45) / 60, 2))")
 echo "corpus and checkpoints: $(( $(date +%s) - t0 )) s; training for $minutes minutes"
-python3 -m toolkit.voice.train --data runs/corpus_mel/pack --resume runs/ckpt_in32 --stages gpt --out runs/dec \
+python3 -m toolkit.voice.train --data runs/corpus_mel/pack --resume "$resume" --stages gpt --out runs/dec \
   --freeze-gpt --gpt-minutes "$minutes" --device cuda --save-every 0 "$@" > "$out/train_log.jsonl"
 tail -3 "$out/train_log.jsonl"
 # fp16: a file comes back from the device only under 16 MiB (a 7.3 M-parameter Decoder is 29 MB in fp32)

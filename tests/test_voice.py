@@ -145,7 +145,7 @@ def test_gpt_resumes_from_the_shipped_voice_on_a_codes_pack(tmp_path):
 
     from toolkit.checkpoint import load_ttsq
     from toolkit.voice.corpus import build, load_pack
-    from toolkit.voice.train import Data, checkpoints_from_voice, load_state, main, sub_state
+    from toolkit.voice.train import Data, checkpoints_from_voice, load_state, main, save_state, sub_state
 
     info = build(tmp_path / "corpus", n_train=12, n_heldout=2, seed=0, workers=2, vocoder_seconds=0,
                  codes_from=SHIPPED, encoder=ENCODER)
@@ -169,6 +169,16 @@ def test_gpt_resumes_from_the_shipped_voice_on_a_codes_pack(tmp_path):
           "--save-every", "0", "--eos-weight", "4"])
     step = json.loads((SHIPPED / "manifest.json").read_text())["voice"]["trained_steps"]["gpt"]
     assert json.loads((tmp_path / "run" / "gpt.json").read_text())["step"] == step + 1
+
+    # on a codes pack the DVAE decoder is all the gpt stage reads, so a run may carry the dvae without its encoder
+    dvae, meta = load_state(tmp_path / "ckpt", "dvae")
+    save_state(tmp_path / "ckpt", "dvae", {k: v for k, v in dvae.items() if k.startswith("dec.")}, meta)
+    gpt_stage = ["--data", str(tmp_path / "corpus" / "pack"), "--resume", str(tmp_path / "ckpt"), "--gpt-steps", "1",
+                 "--gpt-batch", "4", "--device", "cpu", "--save-every", "0"]
+    main(gpt_stage + ["--stages", "gpt", "--out", str(tmp_path / "run_dec_only")])
+    assert json.loads((tmp_path / "run_dec_only" / "gpt.json").read_text())["step"] == step + 1
+    with pytest.raises(SystemExit, match="no encoder"):
+        main(gpt_stage + ["--stages", "dvae", "--dvae-steps", "1", "--out", str(tmp_path / "run_dvae")])
 
 
 @needs_espeak
@@ -467,3 +477,50 @@ def test_paired_comparison_of_two_measure_results(tmp_path):
     (tmp_path / "seed1.json").write_text(json.dumps({"per_sentence": [{**base[0], "text": "another sentence"}]}))
     with pytest.raises(SystemExit, match="ids name different texts"):
         main(["--paired", str(tmp_path / "base.json"), str(tmp_path / "seed1.json")])
+
+
+def test_grown_gpt_computes_what_the_old_one_did_and_its_new_blocks_learn(tmp_path):
+    """--gpt-grow inserts identity blocks: the deeper GPT's hidden states equal the old one's, the guided-attention
+    layer keeps its index, the new blocks' output projections leave zero after one step, and the export loads with
+    the new depth."""
+    import dataclasses
+
+    import torch
+
+    from toolkit.models.gpt import GPT
+    from toolkit.voice.train import GUIDED_LAYER, grow_gpt_layers, load_state, main, voice_config
+
+    cfg = dataclasses.replace(voice_config(20, smoke=True).gpt, layers=3)
+    torch.manual_seed(0)
+    old = GPT(cfg).eval()
+    state = {f"gpt.{k}": v for k, v in old.state_dict().items()}
+    grown = GPT(dataclasses.replace(cfg, layers=5)).eval()
+    grown.load_state_dict({k[4:]: v for k, v in grow_gpt_layers(state, cfg, 2, seed=0).items()})
+    x, valid = torch.randn(2, 7, cfg.hidden), torch.ones(2, 7, dtype=torch.bool)
+    valid[1, 5:] = False
+    torch.testing.assert_close(grown.forward_full(x, valid), old.forward_full(x, valid), rtol=1e-5, atol=1e-5)
+    for i in range(GUIDED_LAYER + 1):  # layers up to the guided one stay where they were
+        assert torch.equal(grown.layers[i].attention.wqkv.weight, old.layers[i].attention.wqkv.weight)
+    with pytest.raises(SystemExit, match="1 to 2 new blocks"):
+        grow_gpt_layers(state, cfg, 3, seed=0)
+
+    if not ESPEAK:
+        pytest.skip("espeak-ng not installed: the training half needs a corpus")
+    from toolkit.synthesizer import Synthesizer, load_model
+    from toolkit.sampling import SamplingParams
+
+    run = tmp_path / "run"
+    main(["--smoke", "--out", str(run)])
+    main(["--smoke", "--data", str(run / "corpus" / "pack"), "--resume", str(run), "--out", str(tmp_path / "grown"),
+          "--stages", "gpt", "--gpt-grow", "1", "--gpt-steps", "1"])
+    after = load_state(tmp_path / "grown", "gpt")[0]
+    assert {k.split(".")[2] for k in after if k.startswith("gpt.layers.")} == {"0", "1", "2"}
+    assert after["gpt.layers.2.feed_forward.w2.weight"].abs().sum() > 0  # it learned, from zero
+    for f in [*run.glob("dvae.*"), *run.glob("vocos.*")]:  # the export reads the run's other parts beside the GPT
+        shutil.copy(f, tmp_path / "grown" / f.name)
+    main(["--smoke", "--data", str(run / "corpus" / "pack"), "--resume", str(tmp_path / "grown"), "--stages", "",
+          "--export", str(tmp_path / "model")])
+    model = load_model(tmp_path / "model")
+    assert model.cfg.gpt.layers == 3
+    out = Synthesizer(model, device="cpu").synthesize(["Hi."], params=SamplingParams(max_new_tokens=8))
+    assert np.isfinite(out[0].wav).all() and out[0].wav.size > 0

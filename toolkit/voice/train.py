@@ -34,7 +34,7 @@ from ..checkpoint import convstack_config
 from ..models.config import ConvStackConfig, GFSQConfig, GPTConfig, ModelConfig, VocosConfig
 from ..models.convnext import ConvNeXtBlock
 from ..models.decoder import ConvStack, DVAEDecoder
-from ..models.gpt import GPT
+from ..models.gpt import GPT, Block
 from ..models.speaker import apply_speaker
 from ..models.vocos import LogMel, Vocos
 from .discriminators import MEL_WEIGHT, Discriminators
@@ -93,15 +93,45 @@ def sub_state(state: dict, prefix: str) -> dict:
     return {k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)}
 
 
-def run_decoder_config(cfg: ModelConfig, gpt_state: dict | None, hidden: int | None = None,
-                       layers: int | None = None) -> ModelConfig:
-    """cfg with the Decoder a run's gpt checkpoint holds (its weights' shapes say its size), then --decoder-hidden
-    and --decoder-layers over that: a Decoder of a new size is trained from scratch."""
-    dec = cfg.decoder
+def run_config(cfg: ModelConfig, gpt_state: dict | None, hidden: int | None = None,
+               layers: int | None = None) -> ModelConfig:
+    """cfg with the GPT depth and the Decoder that a run's gpt checkpoint holds (its weights' shapes say their sizes),
+    then --decoder-hidden and --decoder-layers over that: a Decoder of a new size is trained from scratch."""
+    dec, gpt = cfg.decoder, cfg.gpt
     if gpt_state is not None and "decoder.conv_in.2.weight" in gpt_state:
         dec = convstack_config(sub_state(gpt_state, "decoder."), "", dec.idim)
-    return dataclasses.replace(cfg, decoder=dataclasses.replace(dec, hidden=hidden or dec.hidden,
-                                                                layers=layers or dec.layers))
+    if gpt_state is not None and "gpt.layers.0.attention.wo.weight" in gpt_state:
+        gpt = dataclasses.replace(gpt, layers=gpt_layer_count(gpt_state))
+    return dataclasses.replace(cfg, gpt=gpt, decoder=dataclasses.replace(dec, hidden=hidden or dec.hidden,
+                                                                         layers=layers or dec.layers))
+
+
+def gpt_layer_count(gpt_state: dict) -> int:
+    return len({k.split(".")[2] for k in gpt_state if k.startswith("gpt.layers.")})
+
+
+def grow_gpt_layers(gpt_state: dict, cfg: GPTConfig, new: int, seed: int) -> dict:
+    """A run's gpt state with `new` more blocks, one after each of the last `new` layers, so the guided-attention
+    layer keeps its index. Each new block starts as the identity (its attention output and FFN down projections are
+    zero; the rest is a fresh init, which gets gradients through them): the grown GPT computes what the old one did,
+    so its Decoder still fits, and training goes on from there with more depth."""
+    old = gpt_layer_count(gpt_state)
+    if not 0 < new <= old - GUIDED_LAYER:
+        raise SystemExit(f"--gpt-grow {new}: a GPT of {old} layers takes 1 to {old - GUIDED_LAYER} new blocks "
+                         f"(one after each of its last layers, from the guided-attention layer {GUIDED_LAYER} on)")
+    torch.manual_seed(seed)
+    fresh = Block(dataclasses.replace(cfg, layers=1)).state_dict()
+    fresh = {k: torch.zeros_like(v) if k.endswith(("attention.wo.weight", "feed_forward.w2.weight")) else v
+             for k, v in fresh.items()}
+    out = {k: v for k, v in gpt_state.items() if not k.startswith("gpt.layers.")}
+    pos = 0
+    for i in range(old):
+        out.update({f"gpt.layers.{pos}.{k}": v for k, v in sub_state(gpt_state, f"gpt.layers.{i}.").items()})
+        pos += 1
+        if i >= old - new:
+            out.update({f"gpt.layers.{pos}.{k}": v.clone() for k, v in fresh.items()})
+            pos += 1
+    return out
 
 
 # --- data ----------------------------------------------------------------------------------------
@@ -343,16 +373,22 @@ def mel_batch(data: Data, idx, device, frames: int | None = None, g=None) -> tup
     return out.to(device), mask.to(device)
 
 
-def train_dvae(cfg: ModelConfig, data: Data, args, device, log) -> tuple[DVAEEncoder, DVAEDecoder]:
+def train_dvae(cfg: ModelConfig, data: Data, args, device, log) -> tuple[DVAEEncoder | None, DVAEDecoder]:
     torch.manual_seed(args.seed + 1)
     g = np.random.default_rng(args.seed + 1)
     enc = DVAEEncoder(cfg, hidden=64 if args.smoke else 256).to(device)
     dec = DVAEDecoder(cfg.dvae, cfg.gfsq).to(device)
     prev = load_state(args.resume, "dvae")
     if prev:
-        enc.load_state_dict(sub_state(prev[0], "enc."))
         dec.load_state_dict(sub_state(prev[0], "dec."))
-        if args.dvae_minutes == 0 and not args.dvae_steps:
+        kept = sub_state(prev[0], "enc.")
+        frozen = args.dvae_minutes == 0 and not args.dvae_steps
+        if not kept and frozen:  # a codes pack needs only the decoder, so a run may carry just that (4 MB lighter)
+            return None, dec.eval()
+        if not kept:
+            raise SystemExit(f"{args.resume}'s dvae checkpoint has no encoder, so the dvae stage cannot train on")
+        enc.load_state_dict(kept)
+        if frozen:
             return enc.eval(), dec.eval()
     params = list(enc.parameters()) + list(dec.parameters())
     opt = torch.optim.AdamW(params, lr=args.dvae_lr, weight_decay=0.0)
@@ -489,7 +525,7 @@ def load_gpt_decoder(cfg: ModelConfig, resume: Path, device) -> tuple[GPT, ConvS
     prev = load_state(resume, "gpt")
     if prev is None:
         raise SystemExit(f"{resume} has no gpt checkpoint (gpt.json); give --resume a run folder that has one")
-    cfg = run_decoder_config(cfg, prev[0])
+    cfg = run_config(cfg, prev[0])
     gpt, decoder = GPT(cfg.gpt).to(device).eval(), ConvStack(cfg.decoder).to(device).eval()
     gpt.load_state_dict(sub_state(prev[0], "gpt."))
     decoder.load_state_dict(sub_state(prev[0], "decoder."))
@@ -530,14 +566,14 @@ def code_mel_batch(dec: DVAEDecoder, codes: list[Tensor], idx, device) -> tuple[
 
 
 def train_gpt(cfg: ModelConfig, data: Data, codes: list[Tensor], args, device, log, spk_id: int,
-              dvae_dec: DVAEDecoder | None = None):
+              dvae_dec: DVAEDecoder | None = None, prev: tuple[dict, dict] | None = None):
+    """prev: the resumed gpt checkpoint (state, meta), or None to start from scratch."""
     torch.manual_seed(args.seed + 2)
     g = np.random.default_rng(args.seed + 2)
     gpt = GPT(cfg.gpt).to(device)
     decoder = ConvStack(cfg.decoder).to(device)
     n_spk = len(data.info["speakers"])
     spk_table = nn.Parameter(torch.randn(n_spk, cfg.gpt.hidden, device=device))
-    prev = load_state(args.resume, "gpt")
     step0 = 0
     fresh = prev is None or args.restart_schedule
     if prev:
@@ -677,7 +713,7 @@ def export(args) -> Path:
         from safetensors.torch import load_file
         kept = {k: t for k, t in g[0].items() if not k.startswith("decoder.")}
         g = ({**kept, **{f"decoder.{k}": t.float() for k, t in load_file(str(args.decoder_from)).items()}}, g[1])
-    model = TTSModel(run_decoder_config(voice_config(tok.vocab_size, args.smoke), g[0]), tok)
+    model = TTSModel(run_config(voice_config(tok.vocab_size, args.smoke), g[0]), tok)
     model.gpt.load_state_dict(sub_state(g[0], "gpt."))
     model.decoder.load_state_dict(sub_state(g[0], "decoder."))
     model.dvae.load_state_dict(sub_state(d[0], "dec."))
@@ -788,6 +824,8 @@ def main(argv=None):
     ap.add_argument("--decoder-stft", type=float, default=0.0,
                     help="weight of the Decoder's detail loss: its mels and the real ones through the frozen vocoder "
                          "of --resume, compared by multi-resolution STFT (0: mel L1 alone)")
+    ap.add_argument("--gpt-grow", type=int, default=0,
+                    help="gpt stage: insert this many identity blocks into the resumed GPT (deeper, same function)")
     ap.add_argument("--freeze-gpt", action="store_true",
                     help="gpt stage: train only the Decoder, on the frozen GPT's states")
     ap.add_argument("--probe", action="store_true", help="free-running generation check at the end")
@@ -833,6 +871,11 @@ def main(argv=None):
     stages = [s for s in args.stages.split(",") if s]
     resumed = load_state(args.resume, "gpt")
     resumed_gpt = resumed is not None
+    if args.gpt_grow:
+        if not resumed_gpt:
+            raise SystemExit("--gpt-grow deepens a trained GPT: give --resume a run folder with a gpt checkpoint")
+        base = run_config(voice_config(1, args.smoke), resumed[0]).gpt
+        resumed = (grow_gpt_layers(resumed[0], base, args.gpt_grow, args.seed), resumed[1])
     if not args.smoke:
         m = args.minutes
         if args.dvae_minutes is None:
@@ -855,9 +898,10 @@ def main(argv=None):
     from ..models import Tokenizer
     tok = Tokenizer(Path(args.data) / "tokenizer.json")
     spk_id, vocab = tok.token_id("[spk_emb]"), tok.vocab_size
-    cfg = run_decoder_config(voice_config(vocab, args.smoke), resumed[0] if resumed else None, args.decoder_hidden,
-                             args.decoder_layers)
-    log("data", 0, utterances=data.n, frames=int(data.mel_off[-1]), vocab=vocab, device=str(device))
+    cfg = run_config(voice_config(vocab, args.smoke), resumed[0] if resumed else None, args.decoder_hidden,
+                     args.decoder_layers)
+    log("data", 0, utterances=data.n, frames=int(data.mel_off[-1]), vocab=vocab, device=str(device),
+        gpt_layers=cfg.gpt.layers)
 
     child = None
     if args.parallel and "vocos" in stages:
@@ -873,12 +917,15 @@ def main(argv=None):
         train_vocos(cfg, data, args, device, log, dec_mels)
     if "dvae" in stages or "gpt" in stages:
         enc, dec = train_dvae(cfg, data, args, device, log) if "dvae" in stages or resumed_gpt else (None, None)
-        if enc is None:
+        if dec is None:
             raise SystemExit("the gpt stage needs a DVAE: include the dvae stage or --resume a run that has one")
         if "gpt" in stages:
+            if data.codes is None and enc is None:
+                raise SystemExit(f"{args.data} holds mels, and {args.resume}'s dvae checkpoint has no encoder to code "
+                                 "them: resume from a run whose dvae has one, or use a codes pack (corpus --codes-from)")
             codes = data.codes if data.codes is not None else encode_all(enc, cfg, data, device)
             log("codes", 0, utterances=len(codes), seconds=round(time.time() - t0, 1))
-            gpt, decoder, table = train_gpt(cfg, data, codes, args, device, log, spk_id, dec)
+            gpt, decoder, table = train_gpt(cfg, data, codes, args, device, log, spk_id, dec, resumed)
             if args.probe:
                 probe(cfg, gpt, data, codes, table, spk_id, device, log)
     if child is not None:
