@@ -119,8 +119,9 @@ def grow_gpt_layers(gpt_state: dict, cfg: GPTConfig, new: int, seed: int) -> dic
     if not 0 < new <= old - GUIDED_LAYER:
         raise SystemExit(f"--gpt-grow {new}: a GPT of {old} layers takes 1 to {old - GUIDED_LAYER} new blocks "
                          f"(one after each of its last layers, from the guided-attention layer {GUIDED_LAYER} on)")
-    torch.manual_seed(seed)
-    fresh = Block(dataclasses.replace(cfg, layers=1)).state_dict()
+    with torch.random.fork_rng(devices=[]):  # the caller's random stream stays as it was
+        torch.manual_seed(seed)
+        fresh = Block(cfg).state_dict()
     fresh = {k: torch.zeros_like(v) if k.endswith(("attention.wo.weight", "feed_forward.w2.weight")) else v
              for k, v in fresh.items()}
     out = {k: v for k, v in gpt_state.items() if not k.startswith("gpt.layers.")}
@@ -874,8 +875,8 @@ def main(argv=None):
     if args.gpt_grow:
         if not resumed_gpt:
             raise SystemExit("--gpt-grow deepens a trained GPT: give --resume a run folder with a gpt checkpoint")
-        base = run_config(voice_config(1, args.smoke), resumed[0]).gpt
-        resumed = (grow_gpt_layers(resumed[0], base, args.gpt_grow, args.seed), resumed[1])
+        widths = voice_config(1, args.smoke).gpt  # a block's shapes: no vocabulary or depth in them
+        resumed = (grow_gpt_layers(resumed[0], widths, args.gpt_grow, args.seed), resumed[1])
     if not args.smoke:
         m = args.minutes
         if args.dvae_minutes is None:
