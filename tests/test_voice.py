@@ -183,11 +183,13 @@ def test_gpt_resumes_from_the_shipped_voice_on_a_codes_pack(tmp_path):
 
 @needs_espeak
 @pytest.mark.skipif(not (SHIPPED / "manifest.json").is_file(), reason="no shipped voice")
-@pytest.mark.parametrize("detail", [[], ["--decoder-stft", "1.0", "--log-every", "1"]], ids=["mel-l1", "stft"])
+@pytest.mark.parametrize("detail", [[], ["--decoder-stft", "1.0", "--log-every", "1"],
+                                    ["--decoder-gan", "0.1", "--log-every", "1"]], ids=["mel-l1", "stft", "gan"])
 def test_freeze_gpt_trains_the_decoder_alone_on_real_mels(tmp_path, detail):
     """corpus --keep-mels stores the real mels beside the codes, frame for frame; train --freeze-gpt then moves the
     Decoder towards them and leaves the GPT and the speaker table exactly as they were. With --decoder-stft the
-    frozen vocoder scores the Decoder's mels too, and its loss is logged."""
+    frozen vocoder scores the Decoder's mels too, and its loss is logged; with --decoder-gan the mel discriminators
+    train beside it, their losses are logged and their state is saved for a resume."""
     import json
 
     import torch
@@ -210,8 +212,11 @@ def test_freeze_gpt_trains_the_decoder_alone_on_real_mels(tmp_path, detail):
     assert changed and all(k.startswith("decoder.") for k in changed), sorted(changed)[:5]
     logged = [r for r in map(json.loads, (tmp_path / "run" / "log_gpt.jsonl").read_text().splitlines())
               if r.get("stage") == "gpt" and "ce" in r]
-    assert logged and all(("stft" in r) == bool(detail) for r in logged)
+    assert logged and all(("stft" in r) == ("--decoder-stft" in detail) for r in logged)
     assert all(0 < r["stft"] < 10 for r in logged if "stft" in r)
+    assert all(("adv" in r) == ("--decoder-gan" in detail) for r in logged)
+    assert all(r["disc"] > 0 and r["fm"] > 0 for r in logged if "adv" in r)
+    assert (load_state(tmp_path / "run", "decoder_disc") is not None) == ("--decoder-gan" in detail)
 
 
 @pytest.fixture(scope="module")
@@ -362,6 +367,31 @@ def test_measure_scores_held_out_sentences_and_the_vocoders_ceiling(tmp_path):
         assert alone[key] == res[key], key
 
 
+def fit_and_check_discriminators(disc, batch, length: int, window: int) -> None:
+    """25 hinge-loss steps on windows of the first half of a sentence (batch(offsets) -> (real, degraded)); then
+    every discriminator scores unseen windows of the second half above their degraded copies, and the generator's
+    losses reach the degraded input."""
+    import torch
+
+    opt = torch.optim.AdamW(disc.parameters(), lr=1e-3, betas=(0.8, 0.9))
+    half = length // 2
+    g = torch.Generator().manual_seed(0)
+    for _ in range(25):
+        real, fake = batch(torch.randint(0, half - window, (4,), generator=g).tolist())
+        loss = disc.loss(real, fake)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    real, fake = batch(torch.randint(half, length - window, (4,), generator=g).tolist())
+    with torch.no_grad():
+        scores = [(r.mean().item(), f.mean().item()) for (r, _), (f, _) in zip(disc(real), disc(fake))]
+    assert all(r > f for r, f in scores), scores
+    fake.requires_grad_(True)
+    adv, fm = disc.generator_loss(real, fake)
+    (adv + fm).backward()
+    assert torch.isfinite(adv) and fm > 0 and fake.grad.abs().sum() > 0
+
+
 @needs_espeak
 def test_discriminators_learn_to_tell_speech_from_a_degraded_copy():
     """A few hinge-loss steps on espeak speech against the same speech with its fine structure smeared: the
@@ -382,24 +412,34 @@ def test_discriminators_learn_to_tell_speech_from_a_degraded_copy():
         fake = F.avg_pool1d(real[:, None], 5, 1, 2)[:, 0] + 0.003 * torch.randn_like(real)  # muffled, hissy
         return real, fake
 
-    disc = Discriminators(periods=(2, 3), resolutions=((512, 128),))
-    opt = torch.optim.AdamW(disc.parameters(), lr=1e-3, betas=(0.8, 0.9))
-    half = len(wav) // 2
-    g = torch.Generator().manual_seed(0)
-    for _ in range(25):  # train on the first half of the sentence
-        real, fake = batch(torch.randint(0, half - seg, (4,), generator=g).tolist())
-        loss = disc.loss(real, fake)
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-    real, fake = batch(torch.randint(half, len(wav) - seg, (4,), generator=g).tolist())
-    with torch.no_grad():
-        scores = [(r.mean().item(), f.mean().item()) for (r, _), (f, _) in zip(disc(real), disc(fake))]
-    assert all(r > f for r, f in scores), scores
-    fake.requires_grad_(True)
-    adv, fm = disc.generator_loss(real, fake)
-    (adv + fm).backward()
-    assert torch.isfinite(adv) and fm > 0 and fake.grad.abs().sum() > 0
+    fit_and_check_discriminators(Discriminators(periods=(2, 3), resolutions=((512, 128),)), batch, len(wav), seg)
+
+
+@needs_espeak
+def test_mel_discriminators_learn_to_tell_real_mels_from_smoothed_ones():
+    """The Decoder's discriminators, a few hinge-loss steps on espeak log-mels against the same mels smoothed over
+    time and frequency (what an L1-trained Decoder makes): then unseen real windows score above their smoothed copies,
+    and the generator's losses reach the Decoder's output."""
+    import torch
+    import torch.nn.functional as F
+
+    from toolkit.models.config import VocosConfig
+    from toolkit.models.vocos import LogMel
+    from toolkit.voice.corpus import espeak_wav
+    from toolkit.voice.discriminators import MelDiscriminators
+
+    torch.manual_seed(0)
+    wav = torch.from_numpy(espeak_wav("The quick brown fox jumps over the lazy dog, twice, and then once more.",
+                                      "en", "m1"))
+    mel = LogMel(VocosConfig())(wav[None])[0]  # (100, F)
+    frames = 32
+
+    def batch(offsets):
+        real = torch.stack([mel[:, o: o + frames] for o in offsets])
+        smooth = F.avg_pool2d(F.pad(real[:, None], (1, 1, 1, 1), mode="replicate"), 3, 1)[:, 0]
+        return real, smooth
+
+    fit_and_check_discriminators(MelDiscriminators(), batch, mel.shape[1], frames)
 
 
 @needs_espeak

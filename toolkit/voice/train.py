@@ -3,8 +3,8 @@
   vocos  mel -> wav (mel L1 + multi-resolution STFT losses; with --vocos-gan also discriminators) on the PCM subset
   dvae   mel -> GFSQ codes (4 codebooks of 625 = 5^4, G=2, R=2, straight-through) -> DVAEDecoder -> mel
   gpt    phoneme tokens + speaker -> codes (ChatTTS prompt layout, teacher forced, EOS = 625 in every codebook)
-         jointly with the Decoder (GPT hidden states -> mel, L1), a guided-attention loss on two heads, and
-         a short-to-long curriculum
+         jointly with the Decoder (GPT hidden states -> mel, L1; with --decoder-gan also mel-patch
+         discriminators), a guided-attention loss on two heads, and a short-to-long curriculum
 
 Seeded; bounded by --minutes (wall clock) or --steps; resumes from --resume (weights of any dtype).
 With --parallel the vocoder trains in a second process next to dvae -> gpt (one GPU holds both).
@@ -37,7 +37,7 @@ from ..models.decoder import ConvStack, DVAEDecoder
 from ..models.gpt import GPT, Block
 from ..models.speaker import apply_speaker
 from ..models.vocos import LogMel, Vocos
-from .discriminators import MEL_WEIGHT, Discriminators
+from .discriminators import MEL_WEIGHT, Discriminators, MelDiscriminators
 
 SHARD_BYTES = 15 * 2**20
 MEL_LO, MEL_HI = -11.6, 4.4
@@ -210,18 +210,27 @@ def reconstruction_loss(logmel: LogMel, y: Tensor, x: Tensor) -> tuple[Tensor, T
     return F.l1_loss(logmel(y), logmel(x)), stft_loss(y, x)
 
 
+def mel_windows(mel_pred: Tensor, mel: Tensor, fmask: Tensor, frames: int, g) -> tuple[Tensor, Tensor] | None:
+    """One random window of `frames` valid frames per utterance that has one: (predicted, real), each
+    (rows, n_mels, frames); None if no utterance is long enough."""
+    valid = fmask.sum(1).tolist()  # one device sync for the batch
+    rows = [r for r, n in enumerate(valid) if n >= frames]
+    if not rows:
+        return None
+    offs = [int(g.integers(0, valid[r] - frames + 1)) for r in rows]
+    return tuple(torch.stack([m[r, :, o: o + frames] for r, o in zip(rows, offs)]).float() for m in (mel_pred, mel))
+
+
 def vocoded_stft_loss(vocos: Vocos, mel_pred: Tensor, mel: Tensor, fmask: Tensor, frames: int, g) -> Tensor:
     """The Decoder's detail loss: a window of `frames` valid mel frames per utterance (those that have one), the
     predicted and the real mel each through the frozen vocoder, compared with stft_loss. Mel L1 alone rewards the
     average, which the vocoder renders dull; this scores what the vocoder makes of it. Zero if no row is long enough."""
-    valid = fmask.sum(1).tolist()  # one device sync for the batch
-    rows = [r for r, n in enumerate(valid) if n >= frames]
-    if not rows:
+    windows = mel_windows(mel_pred, mel, fmask, frames, g)
+    if windows is None:
         return mel_pred.new_zeros(())
-    offs = [int(g.integers(0, valid[r] - frames + 1)) for r in rows]
-    pred = torch.stack([mel_pred[r, :, o: o + frames] for r, o in zip(rows, offs)]).float()
+    pred, real = windows
     with torch.no_grad():
-        ref = vocos(torch.stack([mel[r, :, o: o + frames] for r, o in zip(rows, offs)]).float())
+        ref = vocos(real)
     return stft_loss(vocos(pred), ref)
 
 
@@ -438,7 +447,7 @@ def encode_all(enc: DVAEEncoder, cfg: ModelConfig, data: Data, device, batch: in
 
 # --- stage 3: GPT + Decoder ---------------------------------------------------------------------
 GUIDED_LAYER, GUIDED_HEADS = 1, 2  # the layer and heads the guided-attention loss shapes (layer 2 of the voice)
-STFT_FRAMES = 64  # mel frames per utterance that --decoder-stft vocodes (0.68 s, the vocoder's training segment)
+STFT_FRAMES = 64  # mel frames per utterance that --decoder-stft vocodes and --decoder-gan judges (0.68 s)
 
 
 def text_attention(attn, x: Tensor, cos: Tensor, sin: Tensor, text_len: Tensor, heads: int) -> Tensor:
@@ -595,6 +604,13 @@ def train_gpt(cfg: ModelConfig, data: Data, codes: list[Tensor], args, device, l
             raise SystemExit("--decoder-stft needs a trained vocoder in --resume (a vocos checkpoint)")
         vocos = Vocos(cfg.vocos).to(device).eval().requires_grad_(False)
         vocos.load_state_dict(prev_v[0])
+    disc = opt_d = None
+    if args.decoder_gan > 0:  # mel-patch discriminators, resumed from the run's decoder_disc checkpoint
+        disc = MelDiscriminators().to(device)
+        prev_d = load_state(args.resume, "decoder_disc")
+        if prev_d:
+            disc.load_state_dict(prev_d[0])
+        opt_d = torch.optim.AdamW(disc.parameters(), lr=args.gpt_lr, betas=(0.8, 0.99), weight_decay=0.0)
     # --freeze-gpt: the Decoder alone learns, from the frozen GPT's states (e.g. real mels after a codes-pack run)
     params = list(decoder.parameters()) if args.freeze_gpt else list(gpt.parameters()) + list(decoder.parameters()) + [spk_table]
     decay = [p for p in params if p.dim() >= 2 and p is not spk_table]
@@ -618,8 +634,10 @@ def train_gpt(cfg: ModelConfig, data: Data, codes: list[Tensor], args, device, l
         B = max(2, min(args.gpt_batch, args.gpt_tokens // n_len))
         lo = max(0, min(start - B // 2, n_ok - B))
         idx = order[lo: lo + B]
-        for pg in opt.param_groups:
-            pg["lr"] = lr_at(step, frac, args.gpt_lr, 300 if prev else 800)
+        lr = lr_at(step, frac, args.gpt_lr, 300 if prev else 800)
+        for o in filter(None, (opt, opt_d)):
+            for pg in o.param_groups:
+                pg["lr"] = lr
         with autocast(device), torch.set_grad_enabled(not args.freeze_gpt):
             x, tgt, T, N, L = build_batch(gpt, spk_table, data, codes, idx, spk_id, device)
             valid = torch.arange(L, device=device)[None] < (T + N)[:, None]
@@ -642,6 +660,18 @@ def train_gpt(cfg: ModelConfig, data: Data, codes: list[Tensor], args, device, l
         if vocos is not None:
             detail = vocoded_stft_loss(vocos, mel_pred[..., :Fm], mel[..., :Fm], fmask, STFT_FRAMES, g)
             loss = loss + args.decoder_stft * detail
+        gan = {}
+        windows = mel_windows(mel_pred[..., :Fm], mel[..., :Fm], fmask, STFT_FRAMES, g) if disc is not None else None
+        if windows is not None:
+            fake, real = windows
+            loss_d = disc.loss(real, fake.detach())
+            opt_d.zero_grad(set_to_none=True)
+            loss_d.backward()
+            torch.nn.utils.clip_grad_norm_(disc.parameters(), 10.0)
+            opt_d.step()
+            adv, fm = disc.generator_loss(real, fake)
+            loss = loss + args.decoder_gan * (adv + fm)
+            gan = {"disc": loss_d.item(), "adv": adv.item(), "fm": fm.item()}
         opt.zero_grad(set_to_none=True)
         if not torch.isfinite(loss):  # a bad batch must not poison the weights (run 2 of v1 died this way)
             log("gpt", step0 + step, skipped_nonfinite=1)
@@ -664,11 +694,13 @@ def train_gpt(cfg: ModelConfig, data: Data, codes: list[Tensor], args, device, l
             with torch.no_grad():
                 acc = (logits.argmax(-1) == tgt[sel]).float().mean().item()
             log("gpt", step0 + step, ce=ce.item(), mel_l1=l1.item(), ga=ga.item(), acc=acc, B=len(idx),
-                L=L, cap=cap, gn=float(gn), **({"stft": detail.item()} if vocos is not None else {}))
+                L=L, cap=cap, gn=float(gn), **({"stft": detail.item()} if vocos is not None else {}), **gan)
         step += 1
     state = {**{f"gpt.{k}": v for k, v in gpt.state_dict().items()},
              **{f"decoder.{k}": v for k, v in decoder.state_dict().items()}, "spk_table": spk_table.data}
     save_state(Path(args.out), "gpt", state, {"step": step0 + step})
+    if disc is not None:
+        save_state(Path(args.out), "decoder_disc", disc.state_dict(), {"step": step0 + step})
     log("gpt", step0 + step, done=1)
     return gpt.eval(), decoder.eval(), spk_table.data
 
@@ -825,6 +857,9 @@ def main(argv=None):
     ap.add_argument("--decoder-stft", type=float, default=0.0,
                     help="weight of the Decoder's detail loss: its mels and the real ones through the frozen vocoder "
                          "of --resume, compared by multi-resolution STFT (0: mel L1 alone)")
+    ap.add_argument("--decoder-gan", type=float, default=0.0,
+                    help="gpt stage: weight of an adversarial + feature-matching loss from mel-patch discriminators "
+                         "on the Decoder's output (against the over-smoothing of the L1 loss; for --freeze-gpt runs)")
     ap.add_argument("--gpt-grow", type=int, default=0,
                     help="gpt stage: insert this many identity blocks into the resumed GPT (deeper, same function)")
     ap.add_argument("--freeze-gpt", action="store_true",
