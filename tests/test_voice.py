@@ -564,3 +564,13 @@ def test_grown_gpt_computes_what_the_old_one_did_and_its_new_blocks_learn(tmp_pa
     assert model.cfg.gpt.layers == 3
     out = Synthesizer(model, device="cpu").synthesize(["Hi."], params=SamplingParams(max_new_tokens=8))
     assert np.isfinite(out[0].wav).all() and out[0].wav.size > 0
+
+
+def test_picture_titles_show_mandarin_as_its_phonemes():
+    """matplotlib's default font has no CJK glyphs: a Mandarin title would be a row of boxes."""
+    from toolkit.voice.measure import picture_text
+
+    en = {"text": "The cat sat on the mat.", "phonemes": "ðə kˈat sˈat"}
+    zh = {"text": "妈妈刚才需要红色的雨伞。", "phonemes": "mˈɑ5 mˈɑ5 kˈa5ŋ"}
+    assert picture_text(en) == en["text"] and picture_text(zh) == zh["phonemes"]
+    assert len(picture_text({"text": "word " * 100})) <= 240

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import textwrap
 import time
 from itertools import combinations
 from pathlib import Path
@@ -57,6 +58,13 @@ def speaker_distances(items: list[dict], wavs: list[np.ndarray]) -> dict:
             "ratio": float(np.mean(between) / np.mean(within))}
 
 
+def picture_text(item: dict) -> str:
+    """A held-out sentence as a picture's title can show it: Mandarin as its espeak phonemes (matplotlib's default
+    font has no CJK glyphs, and a fresh machine has no CJK font), cut to 240 characters."""
+    text = item["text"] if all(ord(c) < 0x2E80 for c in item["text"]) else item.get("phonemes", item["text"])
+    return textwrap.shorten(text, 240, placeholder=" ...")
+
+
 def picture(ref: np.ndarray, syn: np.ndarray, title: str, path: Path) -> None:
     import matplotlib
     matplotlib.use("Agg")
@@ -75,7 +83,7 @@ def picture(ref: np.ndarray, syn: np.ndarray, title: str, path: Path) -> None:
         ax.set_ylabel("mel bin")
         ax.set_title(f"{name}: {len(w) / 24000:.2f} s", fontsize=9)
     axes[1].set_xlabel("seconds")
-    fig.suptitle(title, fontsize=10)
+    fig.suptitle(textwrap.fill(title, 120), fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=80)
     plt.close(fig)
@@ -214,7 +222,7 @@ def main(argv=None):
                  next(i for i, it in enumerate(items) if it["lang"] == "en" and len(it["text"]) > 60)]
         for n, i in enumerate(picks, 1):
             it = items[i]
-            picture(refs[i], wavs[i], f"{it['id']} ({it['speaker']}): {it['text']}", a.pictures / f"heldout_{n}.png")
+            picture(refs[i], wavs[i], f"{it['id']} ({it['speaker']}): {picture_text(it)}", a.pictures / f"heldout_{n}.png")
     return res
 
 
