@@ -16,6 +16,7 @@ With --parallel the vocoder trains in a second process next to dvae -> gpt (one 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import math
@@ -37,7 +38,7 @@ from ..models.decoder import ConvStack, DVAEDecoder
 from ..models.gpt import GPT, Block
 from ..models.speaker import apply_speaker
 from ..models.vocos import LogMel, Vocos
-from .discriminators import MEL_WEIGHT, Discriminators, MelDiscriminators
+from .discriminators import MEL_WEIGHT, Discriminators, DiscriminatorSet, MelDiscriminators
 
 SHARD_BYTES = 15 * 2**20
 MEL_LO, MEL_HI = -11.6, 4.4
@@ -173,6 +174,12 @@ def lr_at(step: int, frac: float, peak: float, warmup: int) -> float:
     return peak * w * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, frac))))
 
 
+def set_lr(lr: float, *optimizers) -> None:
+    for opt in filter(None, optimizers):
+        for pg in opt.param_groups:
+            pg["lr"] = lr
+
+
 class Budget:
     def __init__(self, minutes: float | None, steps: int | None):
         self.t0, self.seconds, self.steps = time.time(), (minutes or 0) * 60, steps
@@ -234,6 +241,30 @@ def vocoded_stft_loss(vocos: Vocos, mel_pred: Tensor, mel: Tensor, fmask: Tensor
     return stft_loss(vocos(pred), ref)
 
 
+def resumed_discriminators(disc: DiscriminatorSet, resume: Path | None, name: str, lr: float, betas, device):
+    """-> (disc on device, with the run's `name` checkpoint loaded where --resume has one; its AdamW)."""
+    disc = disc.to(device)
+    prev = load_state(resume, name)
+    if prev:
+        disc.load_state_dict(prev[0])
+    return disc, torch.optim.AdamW(disc.parameters(), lr=lr, betas=betas, weight_decay=0.0)
+
+
+def discriminator_step(disc: DiscriminatorSet, opt_d, real: Tensor, fake: Tensor, precision=contextlib.nullcontext
+                       ) -> tuple[Tensor, Tensor, dict]:
+    """One update of the discriminators (real against fake, detached), then the generator's losses on fake against
+    the updated discriminators: -> (adversarial, feature matching, what to log). precision: a context factory."""
+    with precision():
+        loss_d = disc.loss(real, fake.detach())
+    opt_d.zero_grad(set_to_none=True)
+    loss_d.backward()
+    torch.nn.utils.clip_grad_norm_(disc.parameters(), 10.0)
+    opt_d.step()
+    with precision():
+        adv, fm = disc.generator_loss(real, fake)
+    return adv, fm, {"disc": loss_d.item(), "adv": adv.item(), "fm": fm.item()}
+
+
 def train_vocos(cfg: ModelConfig, data: Data, args, device, log, dec_mels: dict[int, Tensor] | None = None) -> None:
     """With --vocos-gan, adversarial training against discriminators.Discriminators (their state is the run's
     vocos_disc checkpoint): the reconstruction losses alone leave a buzzy phase that DNSMOS hears.
@@ -251,11 +282,7 @@ def train_vocos(cfg: ModelConfig, data: Data, args, device, log, dec_mels: dict[
     opt = torch.optim.AdamW(vocos.parameters(), lr=args.vocos_lr, betas=betas, weight_decay=0.0)
     disc = opt_d = None
     if args.vocos_gan:
-        disc = Discriminators().to(device)
-        prev_d = load_state(args.resume, "vocos_disc")
-        if prev_d:
-            disc.load_state_dict(prev_d[0])
-        opt_d = torch.optim.AdamW(disc.parameters(), lr=args.vocos_lr, betas=betas, weight_decay=0.0)
+        disc, opt_d = resumed_discriminators(Discriminators(), args.resume, "vocos_disc", args.vocos_lr, betas, device)
     seg = 64 * 256 if not args.smoke else 16 * 256
     B = args.vocos_batch
     wav = data.wav.to(device)
@@ -274,10 +301,7 @@ def train_vocos(cfg: ModelConfig, data: Data, args, device, log, dec_mels: dict[
         else:
             offs = [int(starts[i]) + hop * int(g.integers(0, room[i] + 1)) for i in idx]
         x = torch.stack([wav[o: o + seg] for o in offs])
-        lr = lr_at(step, budget.frac(step), args.vocos_lr, 200 if prev else 500)
-        for o in filter(None, (opt, opt_d)):
-            for pg in o.param_groups:
-                pg["lr"] = lr
+        set_lr(lr_at(step, budget.frac(step), args.vocos_lr, 200 if prev else 500), opt, opt_d)
         with torch.no_grad():
             mel = logmel(x) if dec_mels is None else torch.stack(
                 [dec_mels[int(data.wav_utt[i])][:, (o - starts[i]) // hop:][:, :frames] for i, o in zip(idx, offs)]).to(device)
@@ -290,16 +314,8 @@ def train_vocos(cfg: ModelConfig, data: Data, args, device, log, dec_mels: dict[
         loss = loss_mel + loss_stft
         extra = {}
         if disc is not None:
-            with autocast(device):
-                loss_d = disc.loss(xr, y.detach())
-            opt_d.zero_grad(set_to_none=True)
-            loss_d.backward()
-            torch.nn.utils.clip_grad_norm_(disc.parameters(), 10.0)
-            opt_d.step()
-            with autocast(device):
-                adv, fm = disc.generator_loss(xr, y)
+            adv, fm, extra = discriminator_step(disc, opt_d, xr, y, lambda: autocast(device))
             loss = MEL_WEIGHT * loss + adv + fm
-            extra = {"disc": loss_d.item(), "adv": adv.item(), "fm": fm.item()}
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(vocos.parameters(), 1.0 if disc is None else MEL_WEIGHT)  # same bound
@@ -407,8 +423,7 @@ def train_dvae(cfg: ModelConfig, data: Data, args, device, log) -> tuple[DVAEEnc
     while not budget.done(step):
         idx = g.integers(0, data.n, args.dvae_batch)
         mel, mask = mel_batch(data, idx, device, frames=256, g=g)
-        for pg in opt.param_groups:
-            pg["lr"] = lr_at(step, budget.frac(step), args.dvae_lr, 300)
+        set_lr(lr_at(step, budget.frac(step), args.dvae_lr, 300), opt)
         with autocast(device):
             value, digits = quantise(enc(mel), cfg.gfsq.residuals)
             pred = dec.stack(dvae_features(dec, value))
@@ -605,12 +620,9 @@ def train_gpt(cfg: ModelConfig, data: Data, codes: list[Tensor], args, device, l
         vocos = Vocos(cfg.vocos).to(device).eval().requires_grad_(False)
         vocos.load_state_dict(prev_v[0])
     disc = opt_d = None
-    if args.decoder_gan > 0:  # mel-patch discriminators, resumed from the run's decoder_disc checkpoint
-        disc = MelDiscriminators().to(device)
-        prev_d = load_state(args.resume, "decoder_disc")
-        if prev_d:
-            disc.load_state_dict(prev_d[0])
-        opt_d = torch.optim.AdamW(disc.parameters(), lr=args.gpt_lr, betas=(0.8, 0.99), weight_decay=0.0)
+    if args.decoder_gan > 0:  # mel-patch discriminators
+        disc, opt_d = resumed_discriminators(MelDiscriminators(), args.resume, "decoder_disc", args.gpt_lr,
+                                             (0.8, 0.99), device)
     # --freeze-gpt: the Decoder alone learns, from the frozen GPT's states (e.g. real mels after a codes-pack run)
     params = list(decoder.parameters()) if args.freeze_gpt else list(gpt.parameters()) + list(decoder.parameters()) + [spk_table]
     decay = [p for p in params if p.dim() >= 2 and p is not spk_table]
@@ -634,10 +646,7 @@ def train_gpt(cfg: ModelConfig, data: Data, codes: list[Tensor], args, device, l
         B = max(2, min(args.gpt_batch, args.gpt_tokens // n_len))
         lo = max(0, min(start - B // 2, n_ok - B))
         idx = order[lo: lo + B]
-        lr = lr_at(step, frac, args.gpt_lr, 300 if prev else 800)
-        for o in filter(None, (opt, opt_d)):
-            for pg in o.param_groups:
-                pg["lr"] = lr
+        set_lr(lr_at(step, frac, args.gpt_lr, 300 if prev else 800), opt, opt_d)
         with autocast(device), torch.set_grad_enabled(not args.freeze_gpt):
             x, tgt, T, N, L = build_batch(gpt, spk_table, data, codes, idx, spk_id, device)
             valid = torch.arange(L, device=device)[None] < (T + N)[:, None]
@@ -664,14 +673,8 @@ def train_gpt(cfg: ModelConfig, data: Data, codes: list[Tensor], args, device, l
         windows = mel_windows(mel_pred[..., :Fm], mel[..., :Fm], fmask, STFT_FRAMES, g) if disc is not None else None
         if windows is not None:
             fake, real = windows
-            loss_d = disc.loss(real, fake.detach())
-            opt_d.zero_grad(set_to_none=True)
-            loss_d.backward()
-            torch.nn.utils.clip_grad_norm_(disc.parameters(), 10.0)
-            opt_d.step()
-            adv, fm = disc.generator_loss(real, fake)
+            adv, fm, gan = discriminator_step(disc, opt_d, real, fake)
             loss = loss + args.decoder_gan * (adv + fm)
-            gan = {"disc": loss_d.item(), "adv": adv.item(), "fm": fm.item()}
         opt.zero_grad(set_to_none=True)
         if not torch.isfinite(loss):  # a bad batch must not poison the weights (run 2 of v1 died this way)
             log("gpt", step0 + step, skipped_nonfinite=1)
