@@ -6,6 +6,8 @@
 #   bash benchmarks/voice_decoder_h200.sh UTTERANCES DEADLINE_SECONDS [toolkit.voice.train options...]
 # The training gets what is left of DEADLINE_SECONDS after the corpus, less a margin for the export of the weights.
 # RESUME=DIR (a run folder with gpt and dvae checkpoints, carried) freezes that run's GPT instead of the shipped one's.
+# A warm machine keeps runs/ between calls: the corpus is built once per UTTERANCES, and RESUME=runs/dec goes on from
+# the previous call's run (its Decoder, and with --decoder-gan its discriminators).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 utterances=${1:?number of training utterances}
@@ -16,8 +18,15 @@ source benchmarks/device_env.sh
 export PYTHONUNBUFFERED=1
 out=${OUT:-runs/decoder_out}
 mkdir -p "$out"
-python3 -m toolkit.voice.corpus --out runs/corpus_mel --train "$utterances" --heldout 100 --seed 0 \
-  --codes-from toolkit/assets/voice --keep-mels --vocoder-seconds 0 --workers 14 2>&1 | tail -3
+built="train $utterances, heldout 100, seed 0, codes from $(sha256sum toolkit/assets/voice/model.safetensors | cut -c1-16)"
+if [ "$(cat runs/corpus_mel/built_with 2>/dev/null)" = "$built" ]; then
+  echo "corpus: runs/corpus_mel, built by an earlier call with the same options"
+else
+  rm -f runs/corpus_mel/built_with
+  python3 -m toolkit.voice.corpus --out runs/corpus_mel --train "$utterances" --heldout 100 --seed 0 \
+    --codes-from toolkit/assets/voice --keep-mels --vocoder-seconds 0 --workers 14 2>&1 | tail -3
+  echo "$built" > runs/corpus_mel/built_with
+fi
 resume=${RESUME:-runs/ckpt_in32}
 [ -n "${RESUME:-}" ] || python3 -m toolkit.voice.train --from-voice toolkit/assets/voice --from-voice-fp32 --out "$resume"
 minutes=$(python3 -c "print(round(($deadline - ($(date +%s) - $t0) - 45) / 60, 2))")
@@ -25,6 +34,9 @@ echo "corpus and checkpoints: $(( $(date +%s) - t0 )) s; training for $minutes m
 python3 -m toolkit.voice.train --data runs/corpus_mel/pack --resume "$resume" --stages gpt --out runs/dec \
   --freeze-gpt --gpt-minutes "$minutes" --device cuda --save-every 0 "$@" > "$out/train_log.jsonl"
 tail -3 "$out/train_log.jsonl"
+# runs/dec as a whole run folder (the frozen DVAE and vocoder beside it), for RESUME=runs/dec or --export
+for f in "$resume"/dvae.* "$resume"/vocos.*; do [ -e "runs/dec/${f##*/}" ] || cp "$f" runs/dec/; done
+[ ! -e runs/dec/decoder_disc.json ] || cp runs/dec/decoder_disc.* "$out/"
 # fp16: a file comes back from the device only under 16 MiB (a 7.3 M-parameter Decoder is 29 MB in fp32)
 python3 -c "import sys; from toolkit.voice.train import save_part_fp16; save_part_fp16(*sys.argv[1:])" \
   runs/dec gpt decoder. "$out/decoder.safetensors"
