@@ -20,3 +20,4 @@ if [ -d "$_ttsq_root/.espeak" ]; then
   eval "$(cd "$_ttsq_root" && bash benchmarks/espeak_carry.sh install /tmp/espeak)"
 fi
 unset _ttsq_root _dir _sdist
+export PYTHONUNBUFFERED=1  # a call cut at its time limit still returns the log lines printed so far

@@ -15,7 +15,6 @@ deadline=${2:?seconds the whole script may take}
 shift 2
 t0=$(date +%s)
 source benchmarks/device_env.sh
-export PYTHONUNBUFFERED=1
 out=${OUT:-runs/decoder_out}
 mkdir -p "$out"
 built="train $utterances, heldout 100, seed 0, codes from $(sha256sum toolkit/assets/voice/model.safetensors | cut -c1-16)"

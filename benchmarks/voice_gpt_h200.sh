@@ -12,7 +12,6 @@ resume=${2:?a run folder with gpt and dvae checkpoints}
 shift 2
 t0=$(date +%s)
 source benchmarks/device_env.sh
-export PYTHONUNBUFFERED=1
 out=${OUT:-runs/gpt_out}
 mkdir -p "$out/ckpt"
 python3 -m toolkit.voice.train --data "$pack" --resume "$resume" --stages gpt --out runs/gpt_run --device cuda "$@" \
