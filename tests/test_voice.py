@@ -184,7 +184,8 @@ def test_gpt_resumes_from_the_shipped_voice_on_a_codes_pack(tmp_path):
 @needs_espeak
 @pytest.mark.skipif(not (SHIPPED / "manifest.json").is_file(), reason="no shipped voice")
 @pytest.mark.parametrize("detail", [[], ["--decoder-stft", "1.0", "--log-every", "1"],
-                                    ["--decoder-gan", "0.1", "--log-every", "1"]], ids=["mel-l1", "stft", "gan"])
+                                    ["--decoder-gan", "0.1", "--decoder-gan-windows", "2", "--log-every", "1"]],
+                         ids=["mel-l1", "stft", "gan"])
 def test_freeze_gpt_trains_the_decoder_alone_on_real_mels(tmp_path, detail):
     """corpus --keep-mels stores the real mels beside the codes, frame for frame; train --freeze-gpt then moves the
     Decoder towards them and leaves the GPT and the speaker table exactly as they were. With --decoder-stft the
@@ -440,6 +441,31 @@ def test_mel_discriminators_learn_to_tell_real_mels_from_smoothed_ones():
         return real, smooth
 
     fit_and_check_discriminators(MelDiscriminators(), batch, mel.shape[1], frames)
+
+
+def test_mel_windows_cut_only_valid_frames_of_rows_long_enough():
+    """The windows the Decoder's discriminators judge: `per_row` per utterance with enough valid frames, each the same
+    frames of the predicted and the real mel, never past an utterance's valid end; a batch with no row long enough
+    gives None."""
+    import numpy as np
+    import torch
+
+    from toolkit.voice.train import mel_windows
+
+    B, n_mels, F_, frames = 3, 4, 40, 8
+    real = torch.arange(B * n_mels * F_, dtype=torch.float32).reshape(B, n_mels, F_)
+    pred = -real
+    valid = torch.tensor([40, 5, 12])  # row 1 is too short for one window
+    fmask = torch.arange(F_)[None] < valid[:, None]
+    for per_row in (1, 3):
+        p, r = mel_windows(pred, real, fmask, frames, np.random.default_rng(0), per_row)
+        assert p.shape == r.shape == (2 * per_row, n_mels, frames)
+        assert torch.equal(p, -r)  # the same frames of both
+        rows = (r[:, 0, 0] // (n_mels * F_)).long()  # which utterance each window came from
+        starts = r[:, 0, 0] % F_
+        assert rows.tolist() == [0] * per_row + [2] * per_row
+        assert all(0 <= s and s + frames <= valid[row] for s, row in zip(starts.tolist(), rows.tolist()))
+    assert mel_windows(pred, real, torch.zeros_like(fmask), frames, np.random.default_rng(0)) is None
 
 
 @needs_espeak

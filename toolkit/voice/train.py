@@ -217,15 +217,16 @@ def reconstruction_loss(logmel: LogMel, y: Tensor, x: Tensor) -> tuple[Tensor, T
     return F.l1_loss(logmel(y), logmel(x)), stft_loss(y, x)
 
 
-def mel_windows(mel_pred: Tensor, mel: Tensor, fmask: Tensor, frames: int, g) -> tuple[Tensor, Tensor] | None:
-    """One random window of `frames` valid frames per utterance that has one: (predicted, real), each
-    (rows, n_mels, frames); None if no utterance is long enough."""
+def mel_windows(mel_pred: Tensor, mel: Tensor, fmask: Tensor, frames: int, g, per_row: int = 1
+                ) -> tuple[Tensor, Tensor] | None:
+    """`per_row` random windows of `frames` valid frames from each utterance that has one: (predicted, real), each
+    (rows * per_row, n_mels, frames); None if no utterance is long enough."""
     valid = fmask.sum(1).tolist()  # one device sync for the batch
-    rows = [r for r, n in enumerate(valid) if n >= frames]
-    if not rows:
+    picks = [(r, int(g.integers(0, valid[r] - frames + 1))) for r, n in enumerate(valid) if n >= frames
+             for _ in range(per_row)]
+    if not picks:
         return None
-    offs = [int(g.integers(0, valid[r] - frames + 1)) for r in rows]
-    return tuple(torch.stack([m[r, :, o: o + frames] for r, o in zip(rows, offs)]).float() for m in (mel_pred, mel))
+    return tuple(torch.stack([m[r, :, o: o + frames] for r, o in picks]).float() for m in (mel_pred, mel))
 
 
 def vocoded_stft_loss(vocos: Vocos, mel_pred: Tensor, mel: Tensor, fmask: Tensor, frames: int, g) -> Tensor:
@@ -670,7 +671,8 @@ def train_gpt(cfg: ModelConfig, data: Data, codes: list[Tensor], args, device, l
             detail = vocoded_stft_loss(vocos, mel_pred[..., :Fm], mel[..., :Fm], fmask, STFT_FRAMES, g)
             loss = loss + args.decoder_stft * detail
         gan = {}
-        windows = mel_windows(mel_pred[..., :Fm], mel[..., :Fm], fmask, STFT_FRAMES, g) if disc is not None else None
+        windows = mel_windows(mel_pred[..., :Fm], mel[..., :Fm], fmask, STFT_FRAMES, g, args.decoder_gan_windows) \
+            if disc is not None else None
         if windows is not None:
             fake, real = windows
             adv, fm, gan = discriminator_step(disc, opt_d, real, fake)
@@ -863,6 +865,8 @@ def main(argv=None):
     ap.add_argument("--decoder-gan", type=float, default=0.0,
                     help="gpt stage: weight of an adversarial + feature-matching loss from mel-patch discriminators "
                          "on the Decoder's output (against the over-smoothing of the L1 loss; for --freeze-gpt runs)")
+    ap.add_argument("--decoder-gan-windows", type=int, default=1,
+                    help="--decoder-gan: random windows of %d mel frames judged per utterance and step" % STFT_FRAMES)
     ap.add_argument("--gpt-grow", type=int, default=0,
                     help="gpt stage: insert this many identity blocks into the resumed GPT (deeper, same function)")
     ap.add_argument("--freeze-gpt", action="store_true",
@@ -882,6 +886,8 @@ def main(argv=None):
     ap.add_argument("--from-voice-fp32", action="store_true",
                     help="--from-voice writes float32 (the frozen parts stay exactly as shipped) instead of fp16")
     args = ap.parse_args(argv)
+    if args.decoder_gan_windows < 1:
+        ap.error(f"--decoder-gan-windows must be 1 or more, not {args.decoder_gan_windows}")
 
     if args.smoke:
         args.device = args.device or "cpu"
