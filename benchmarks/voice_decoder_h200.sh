@@ -33,10 +33,12 @@ echo "corpus and checkpoints: $(( $(date +%s) - t0 )) s; training for $minutes m
 python3 -m toolkit.voice.train --data runs/corpus_mel/pack --resume "$resume" --stages gpt --out runs/dec \
   --freeze-gpt --gpt-minutes "$minutes" --device cuda --save-every 0 "$@" > "$out/train_log.jsonl"
 tail -3 "$out/train_log.jsonl"
-# runs/dec as a whole run folder (the frozen DVAE and vocoder beside it), for RESUME=runs/dec or --export
-for f in "$resume"/dvae.* "$resume"/vocos.*; do [ -e "runs/dec/${f##*/}" ] || cp "$f" runs/dec/; done
-[ ! -e runs/dec/decoder_disc.json ] || cp runs/dec/decoder_disc.* "$out/"
 # fp16: a file comes back from the device only under 16 MiB (a 7.3 M-parameter Decoder is 29 MB in fp32)
 python3 -c "import sys; from toolkit.voice.train import save_part_fp16; save_part_fp16(*sys.argv[1:])" \
   runs/dec gpt decoder. "$out/decoder.safetensors"
+[ ! -e runs/dec/decoder_disc.json ] || cp runs/dec/decoder_disc.* "$out/"
+# runs/dec as a whole run folder (the frozen DVAE, and the vocoder where RESUME has one), for RESUME=runs/dec or --export
+for f in "$resume"/dvae.* "$resume"/vocos.*; do
+  [ ! -e "$f" ] || [ -e "runs/dec/${f##*/}" ] || cp "$f" runs/dec/
+done
 echo "total: $(( $(date +%s) - t0 )) s"
