@@ -322,7 +322,7 @@ def train_vocos(cfg: ModelConfig, data: Data, args, device, log, dec_mels: dict[
         torch.nn.utils.clip_grad_norm_(vocos.parameters(), 1.0 if disc is None else MEL_WEIGHT)  # same bound
         opt.step()
         if step % args.log_every == 0:
-            log("vocos", step0 + step, mel_l1=loss_mel.item(), stft=float(loss_stft), **extra)
+            log("vocos", step0 + step, mel_l1=loss_mel.item(), stft=loss_stft.item(), **extra)
         step += 1
     save_state(Path(args.out), "vocos", vocos.state_dict(), {"step": step0 + step})
     if disc is not None:
