@@ -254,7 +254,8 @@ def resumed_discriminators(disc: DiscriminatorSet, resume: Path | None, name: st
 def discriminator_step(disc: DiscriminatorSet, opt_d, real: Tensor, fake: Tensor, precision=contextlib.nullcontext
                        ) -> tuple[Tensor, Tensor, dict]:
     """One update of the discriminators (real against fake, detached), then the generator's losses on fake against
-    the updated discriminators: -> (adversarial, feature matching, what to log). precision: a context factory."""
+    the updated discriminators: -> (adversarial, feature matching, what to log, as tensors: log() reads them only on
+    the steps it logs, so no step waits on the device for them). precision: a context factory."""
     with precision():
         loss_d = disc.loss(real, fake.detach())
     opt_d.zero_grad(set_to_none=True)
@@ -263,7 +264,7 @@ def discriminator_step(disc: DiscriminatorSet, opt_d, real: Tensor, fake: Tensor
     opt_d.step()
     with precision():
         adv, fm = disc.generator_loss(real, fake)
-    return adv, fm, {"disc": loss_d.item(), "adv": adv.item(), "fm": fm.item()}
+    return adv, fm, {"disc": loss_d.detach(), "adv": adv.detach(), "fm": fm.detach()}
 
 
 def train_vocos(cfg: ModelConfig, data: Data, args, device, log, dec_mels: dict[int, Tensor] | None = None) -> None:
@@ -931,7 +932,8 @@ def main(argv=None):
     logf = open(args.out / f"log_{'_'.join(stages)}.jsonl", "a")
 
     def log(stage, step, **kw):
-        rec = {"stage": stage, "step": step, "t": round(time.time() - t0, 1), **kw}
+        rec = {"stage": stage, "step": step, "t": round(time.time() - t0, 1),
+               **{k: v.item() if isinstance(v, Tensor) else v for k, v in kw.items()}}
         line = json.dumps(rec)
         print(line, flush=True)
         logf.write(line + "\n")
