@@ -17,13 +17,13 @@ t0=$(date +%s)
 source benchmarks/device_env.sh
 out=${OUT:-runs/decoder_out}
 mkdir -p "$out"
-built="train $utterances, heldout 100, seed 0, codes from $(sha256sum toolkit/assets/voice/model.safetensors | cut -c1-16)"
+corpus=(--train "$utterances" --heldout 100 --seed 0 --codes-from toolkit/assets/voice --keep-mels --vocoder-seconds 0)
+built="${corpus[*]}, model $(sha256sum toolkit/assets/voice/model.safetensors | cut -c1-16)"  # what the corpus depends on
 if [ "$(cat runs/corpus_mel/built_with 2>/dev/null)" = "$built" ]; then
   echo "corpus: runs/corpus_mel, built by an earlier call with the same options"
 else
   rm -f runs/corpus_mel/built_with
-  python3 -m toolkit.voice.corpus --out runs/corpus_mel --train "$utterances" --heldout 100 --seed 0 \
-    --codes-from toolkit/assets/voice --keep-mels --vocoder-seconds 0 --workers 14 2>&1 | tail -3
+  python3 -m toolkit.voice.corpus --out runs/corpus_mel "${corpus[@]}" --workers 14 2>&1 | tail -3
   echo "$built" > runs/corpus_mel/built_with
 fi
 resume=${RESUME:-runs/ckpt_in32}
