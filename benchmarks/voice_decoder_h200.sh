@@ -4,8 +4,6 @@
 # weights come back ($OUT/decoder.safetensors, fp16), with the training log; `toolkit.voice.train --export --decoder-from` puts
 # them into a voice folder beside the shipped GPT, DVAE and vocoder.
 #   bash benchmarks/voice_decoder_h200.sh UTTERANCES DEADLINE_SECONDS [toolkit.voice.train options...]
-# Options split by a lone `::` train that many variants side by side on the one GPU, from the same frozen GPT and
-# corpus: variant i runs in runs/dec$i and returns $OUT/dec$i.tar (at most 8 files come back from a call).
 # The training gets what is left of DEADLINE_SECONDS after the corpus, less a margin for the export of the weights.
 # RESUME=DIR (a run folder with gpt and dvae checkpoints, carried) freezes that run's GPT instead of the shipped one's.
 # A warm machine keeps runs/ between calls: the corpus is built once per UTTERANCES, and RESUME=runs/dec goes on from
@@ -32,35 +30,15 @@ resume=${RESUME:-runs/ckpt_in32}
 [ -n "${RESUME:-}" ] || python3 -m toolkit.voice.train --from-voice toolkit/assets/voice --from-voice-fp32 --out "$resume"
 minutes=$(python3 -c "print(round(($deadline - ($(date +%s) - $t0) - 45) / 60, 2))")
 echo "corpus and checkpoints: $(( $(date +%s) - t0 )) s; training for $minutes minutes"
-train_variant() {  # run folder, output folder, train options...
-  local run=$1 dest=$2; shift 2
-  mkdir -p "$dest"
-  python3 -m toolkit.voice.train --data runs/corpus_mel/pack --resume "$resume" --stages gpt --out "$run" \
-    --freeze-gpt --gpt-minutes "$minutes" --device cuda --save-every 0 "$@" > "$dest/train_log.jsonl"
-  tail -3 "$dest/train_log.jsonl"
-  # fp16: a file comes back from the device only under 16 MiB (a 7.3 M-parameter Decoder is 29 MB in fp32)
-  python3 -c "import sys; from toolkit.voice.train import save_part_fp16; save_part_fp16(*sys.argv[1:])" \
-    "$run" gpt decoder. "$dest/decoder.safetensors"
-  [ ! -e "$run/decoder_disc.json" ] || cp "$run"/decoder_disc.* "$dest/"
-  # the run as a whole run folder (the frozen DVAE, and the vocoder where RESUME has one), for RESUME or --export
-  for f in "$resume"/dvae.* "$resume"/vocos.*; do
-    [ ! -e "$f" ] || [ -e "$run/${f##*/}" ] || cp "$f" "$run/"
-  done
-}
-variants=() current=()
-for a in "$@"; do
-  if [ "$a" = "::" ]; then variants+=("${current[*]}"); current=(); else current+=("$a"); fi
+python3 -m toolkit.voice.train --data runs/corpus_mel/pack --resume "$resume" --stages gpt --out runs/dec \
+  --freeze-gpt --gpt-minutes "$minutes" --device cuda --save-every 0 "$@" > "$out/train_log.jsonl"
+tail -3 "$out/train_log.jsonl"
+# fp16: a file comes back from the device only under 16 MiB (a 7.3 M-parameter Decoder is 29 MB in fp32)
+python3 -c "import sys; from toolkit.voice.train import save_part_fp16; save_part_fp16(*sys.argv[1:])" \
+  runs/dec gpt decoder. "$out/decoder.safetensors"
+[ ! -e runs/dec/decoder_disc.json ] || cp runs/dec/decoder_disc.* "$out/"
+# runs/dec as a whole run folder (the frozen DVAE, and the vocoder where RESUME has one), for RESUME=runs/dec or --export
+for f in "$resume"/dvae.* "$resume"/vocos.*; do
+  [ ! -e "$f" ] || [ -e "runs/dec/${f##*/}" ] || cp "$f" runs/dec/
 done
-variants+=("${current[*]}")
-if [ ${#variants[@]} -eq 1 ]; then
-  train_variant runs/dec "$out" "$@"
-else
-  for i in "${!variants[@]}"; do
-    echo "variant $i: ${variants[$i]}"
-    # shellcheck disable=SC2086  # a variant's options are words without spaces
-    train_variant "runs/dec$i" "runs/dec${i}_out" ${variants[$i]} &
-  done
-  wait
-  for i in "${!variants[@]}"; do tar -cf "$out/dec$i.tar" -C "runs/dec${i}_out" .; done
-fi
 echo "total: $(( $(date +%s) - t0 )) s"
