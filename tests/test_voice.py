@@ -362,10 +362,17 @@ def test_measure_scores_held_out_sentences_and_the_vocoders_ceiling(tmp_path):
     rows = res["per_sentence"]  # what a paired comparison of two models reads
     assert [r["id"] for r in rows] == [f"he{i:05d}" for i in range(2)]
     assert np.mean([r["mcd_db"] for r in rows]) == pytest.approx(res["mcd_db"][0])
+    voices = res["dnsmos_ovrl_by_voice"]  # where DNSMOS is lost, voice by voice: its rows average to the totals
+    assert sum(v["n"] for v in voices.values()) == 2 and all(" " in name for name in voices)
+    for key, total in (("reference", "dnsmos_ovrl_reference"), ("vocoded_reference", "dnsmos_ovrl_vocoded_reference"),
+                       ("synth", "dnsmos_ovrl_synth")):
+        assert sum(v["n"] * v[key] for v in voices.values()) / 2 == pytest.approx(res[total][0]), key
     alone = main(["--corpus", str(tmp_path / "corpus"), "--n", "2", "--dnsmos", "2", "--vocoder-only"])
     assert "mcd_db" not in alone and "dnsmos_ovrl_synth" not in alone  # no GPT ran
     for key in ("dnsmos_ovrl_reference", "dnsmos_ovrl_vocoded_reference", "mcd_db_vocoded_reference"):
         assert alone[key] == res[key], key
+    assert {v: {k: x for k, x in row.items() if k != "synth"} for v, row in voices.items()} == \
+        alone["dnsmos_ovrl_by_voice"]
 
 
 def fit_and_check_discriminators(disc, batch, length: int, window: int) -> None:

@@ -89,6 +89,20 @@ def picture(ref: np.ndarray, syn: np.ndarray, title: str, path: Path) -> None:
     plt.close(fig)
 
 
+def by_voice(items: list[dict], **series: list[float]) -> dict:
+    """Mean of each per-sentence series by language and speaker ("en f4"): where a model loses, voice by voice.
+    Series may be shorter than items (DNSMOS scores only the first --dnsmos sentences); NaN entries are left out."""
+    table: dict[str, dict] = {}
+    for i, it in enumerate(items):
+        row = table.setdefault(f"{it['lang']} {it['speaker']}", {"n": 0, **{k: [] for k in series}})
+        row["n"] += 1
+        for k, xs in series.items():
+            if i < len(xs) and np.isfinite(xs[i]):
+                row[k].append(xs[i])
+    return {voice: {k: (float(np.mean(v)) if v else None) if k != "n" else v for k, v in row.items()}
+            for voice, row in sorted(table.items())}
+
+
 def paired(base: dict, new: dict) -> dict:
     """NEW - BASE per sentence (two --json results on the same sentences), with paired bootstrap CIs: tighter than
     comparing the two means' own intervals, since each sentence's difficulty cancels."""
@@ -156,14 +170,17 @@ def main(argv=None):
     model = syn.model
     to_mel = LogMel(model.cfg.vocos).to(syn.device)
     vocoded = [copy_synthesis(model, to_mel, r) for r in refs]
+    dn_ref = [dnsmos(r, 24000)["ovrl"] for r in refs[:k]]
+    dn_voc = [dnsmos(v, 24000)["ovrl"] for v in vocoded[:k]]
     res: dict[str, object] = {
         "sentences": len(items),
         "mcd_settings": MCD_SETTINGS,
-        "dnsmos_ovrl_reference": bootstrap_ci([dnsmos(r, 24000)["ovrl"] for r in refs[:k]]),
-        "dnsmos_ovrl_vocoded_reference": bootstrap_ci([dnsmos(v, 24000)["ovrl"] for v in vocoded[:k]]),
+        "dnsmos_ovrl_reference": bootstrap_ci(dn_ref),
+        "dnsmos_ovrl_vocoded_reference": bootstrap_ci(dn_voc),
         "mcd_db_vocoded_reference": bootstrap_ci([mcd(r, v, 24000, align="dtw").value_db for r, v in zip(refs, vocoded)]),
     }
     if a.vocoder_only:
+        res["dnsmos_ovrl_by_voice"] = by_voice(items, reference=dn_ref, vocoded_reference=dn_voc)
         return report(res, a)
     chosen = {k: v for k, v in (("temperature", a.temperature), ("top_p", a.top_p)) if v is not None}
     params = SamplingParams(max_new_tokens=a.max_new_tokens, **chosen)
@@ -197,6 +214,7 @@ def main(argv=None):
         "speaker_distance_synth": speaker_distances(items, wavs),
         "speaker_distance_reference": speaker_distances(items, refs),
         "per_language": {},
+        "dnsmos_ovrl_by_voice": by_voice(items, reference=dn_ref, vocoded_reference=dn_voc, synth=dn_syn),
         "settings": {"seed": a.seed, "max_new_tokens": a.max_new_tokens,
                      "sampling": {"ChatTTS defaults, except": chosen} if chosen else "ChatTTS defaults",
                      "speaker": "the held-out sentence's speaker, by voice name"},
