@@ -92,15 +92,16 @@ def picture(ref: np.ndarray, syn: np.ndarray, title: str, path: Path) -> None:
 def by_voice(items: list[dict], **series: list[float]) -> dict:
     """Mean of each per-sentence series by language and speaker ("en f4"): where a model loses, voice by voice.
     Series may be shorter than items (DNSMOS scores only the first --dnsmos sentences); NaN entries are left out."""
-    table: dict[str, dict] = {}
+    rows: dict[str, list[int]] = {}
     for i, it in enumerate(items):
-        row = table.setdefault(f"{it['lang']} {it['speaker']}", {"n": 0, **{k: [] for k in series}})
-        row["n"] += 1
-        for k, xs in series.items():
-            if i < len(xs) and np.isfinite(xs[i]):
-                row[k].append(xs[i])
-    return {voice: {k: (float(np.mean(v)) if v else None) if k != "n" else v for k, v in row.items()}
-            for voice, row in sorted(table.items())}
+        rows.setdefault(f"{it['lang']} {it['speaker']}", []).append(i)
+
+    def mean(xs: list[float], idx: list[int]) -> float | None:
+        kept = [xs[i] for i in idx if i < len(xs) and np.isfinite(xs[i])]
+        return float(np.mean(kept)) if kept else None
+
+    return {voice: {"n": len(idx), **{k: mean(xs, idx) for k, xs in series.items()}}
+            for voice, idx in sorted(rows.items())}
 
 
 def paired(base: dict, new: dict) -> dict:
