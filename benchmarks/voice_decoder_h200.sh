@@ -8,30 +8,14 @@
 # RESUME=DIR (a run folder with gpt and dvae checkpoints, carried) freezes that run's GPT instead of the shipped one's.
 # A warm machine keeps runs/ between calls: the corpus is built once per UTTERANCES, and RESUME=runs/dec goes on from
 # the previous call's run (its Decoder, and with --decoder-gan its discriminators).
+# DEVICE=cpu runs it here, slowly (a check of the script).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-utterances=${1:?number of training utterances}
-deadline=${2:?seconds the whole script may take}
-shift 2
-t0=$(date +%s)
-source benchmarks/device_env.sh
-out=${OUT:-runs/decoder_out}
-mkdir -p "$out"
-corpus=(--train "$utterances" --heldout 100 --seed 0 --codes-from toolkit/assets/voice --keep-mels --vocoder-seconds 0)
-built="${corpus[*]}, model $(sha256sum toolkit/assets/voice/model.safetensors | cut -c1-16)"  # what the corpus depends on
-if [ "$(cat runs/corpus_mel/built_with 2>/dev/null)" = "$built" ]; then
-  echo "corpus: runs/corpus_mel, built by an earlier call with the same options"
-else
-  rm -f runs/corpus_mel/built_with
-  python3 -m toolkit.voice.corpus --out runs/corpus_mel "${corpus[@]}" --workers 14 2>&1 | tail -3
-  echo "$built" > runs/corpus_mel/built_with
-fi
-resume=${RESUME:-runs/ckpt_in32}
-[ -n "${RESUME:-}" ] || python3 -m toolkit.voice.train --from-voice toolkit/assets/voice --from-voice-fp32 --out "$resume"
-minutes=$(python3 -c "print(round(($deadline - ($(date +%s) - $t0) - 45) / 60, 2))")
-echo "corpus and checkpoints: $(( $(date +%s) - t0 )) s; training for $minutes minutes"
-python3 -m toolkit.voice.train --data runs/corpus_mel/pack --resume "$resume" --stages gpt --out runs/dec \
-  --freeze-gpt --gpt-minutes "$minutes" --device cuda --save-every 0 "$@" > "$out/train_log.jsonl"
+corpus=runs/corpus_mel fresh=runs/ckpt_in32 out_default=runs/decoder_out margin=45
+corpus_options=(--codes-from toolkit/assets/voice --keep-mels --vocoder-seconds 0)
+source benchmarks/voice_call.sh
+python3 -m toolkit.voice.train --data "$corpus/pack" --resume "$resume" --stages gpt --out runs/dec \
+  --freeze-gpt --gpt-minutes "$minutes" --device "${DEVICE:-cuda}" --save-every 0 "$@" > "$out/train_log.jsonl"
 tail -3 "$out/train_log.jsonl"
 # fp16: a file comes back from the device only under 16 MiB (a 7.3 M-parameter Decoder is 29 MB in fp32)
 python3 -c "import sys; from toolkit.voice.train import save_part_fp16; save_part_fp16(*sys.argv[1:])" \

@@ -282,6 +282,12 @@ def test_gap_scores_each_stage_against_the_real_audio(codes_pcm_corpus, tmp_path
     assert set(res["dnsmos_ovrl"]) == {"real", "copy", "teacher_forced", "free_running"}
     assert all(1.0 <= v[0] <= 5.0 for v in res["dnsmos_ovrl"].values())
     assert res["mcd_db"]["teacher_forced"][0] < res["mcd_db"]["free_running"][0] - 2.0, res["mcd_db"]
+    voices = res["dnsmos_ovrl_by_voice"]  # the same stages voice by voice: its rows average to the totals
+    assert sum(v["n"] for v in voices.values()) == 3
+    for stage, total in res["dnsmos_ovrl"].items():
+        assert sum(v["n"] * v[stage] for v in voices.values()) / 3 == pytest.approx(total[0]), stage
+    assert all(1.0 <= row[stage] <= 5.0 for part in ("sig", "bak") for row in res[f"dnsmos_{part}_by_voice"].values()
+               for stage in res["dnsmos_ovrl"]), res["dnsmos_bak_by_voice"]
     assert json.loads((tmp_path / "gap.json").read_text()) == json.loads(json.dumps(res))
 
 
@@ -367,12 +373,18 @@ def test_measure_scores_held_out_sentences_and_the_vocoders_ceiling(tmp_path):
     for key, total in (("reference", "dnsmos_ovrl_reference"), ("vocoded_reference", "dnsmos_ovrl_vocoded_reference"),
                        ("synth", "dnsmos_ovrl_synth")):
         assert sum(v["n"] * v[key] for v in voices.values()) / 2 == pytest.approx(res[total][0]), key
+    for part in ("sig", "bak"):  # DNSMOS's speech and background parts, by the same voices, on the same scale
+        table = res[f"dnsmos_{part}_by_voice"]
+        assert {v: row["n"] for v, row in table.items()} == {v: row["n"] for v, row in voices.items()}, part
+        assert all(1.0 <= row[k] <= 5.0 for row in table.values() for k in ("reference", "synth")), table
+        assert table != voices, part
     alone = main(["--corpus", str(tmp_path / "corpus"), "--n", "2", "--dnsmos", "2", "--vocoder-only"])
     assert "mcd_db" not in alone and "dnsmos_ovrl_synth" not in alone  # no GPT ran
     for key in ("dnsmos_ovrl_reference", "dnsmos_ovrl_vocoded_reference", "mcd_db_vocoded_reference"):
         assert alone[key] == res[key], key
-    assert {v: {k: x for k, x in row.items() if k != "synth"} for v, row in voices.items()} == \
-        alone["dnsmos_ovrl_by_voice"]
+    for part in ("ovrl", "sig", "bak"):
+        assert {v: {k: x for k, x in row.items() if k != "synth"} for v, row in res[f"dnsmos_{part}_by_voice"].items()
+                } == alone[f"dnsmos_{part}_by_voice"], part
 
 
 def fit_and_check_discriminators(disc, batch, length: int, window: int) -> None:

@@ -7,8 +7,9 @@
   teacher_forced  the GPT fed the utterance's true codes -> Decoder -> vocoder (the Decoder's ceiling)
   free_running    the voice synthesising the same text and speaker (codes sampled; ChatTTS's sampling defaults)
 
-DNSMOS overall for all four and DTW-MCD against the real audio for the last two, each with a bootstrap CI. A
-drop from copy to teacher_forced is the Decoder's; from teacher_forced to free_running, the sampled codes'.
+DNSMOS overall for all four and DTW-MCD against the real audio for the last two, each with a bootstrap CI, and
+DNSMOS's overall, speech and background parts by voice (language and speaker). A drop from copy to teacher_forced
+is the Decoder's; from teacher_forced to free_running, the sampled codes'.
 The pack (corpus --codes-from VOICE --vocoder-seconds N) holds training utterances of the voice, so these figures
 rank the stages; the held-out figures are toolkit.voice.measure's.
 """
@@ -55,7 +56,7 @@ def main(argv=None) -> dict:
     from ..models.vocos import LogMel
     from ..synthesizer import Synthesizer
     from .corpus import load_pack
-    from .measure import MCD_SETTINGS, report
+    from .measure import MCD_SETTINGS, dnsmos_tables, report
     from .train import Data, decoder_mels
 
     data = Data(load_pack(a.corpus / "pack"), torch.device("cpu"))
@@ -74,18 +75,19 @@ def main(argv=None) -> dict:
     train_items = [it for it in map(json.loads, open(a.corpus / "meta.jsonl", encoding="utf-8"))
                    if it["split"] == "train"]  # the pack's utterances, in order
     to_mel = LogMel(model.cfg.vocos)
-    scores: dict[str, list[float]] = {"real": [], "copy": [], "teacher_forced": [], "free_running": []}
+    scores: dict[str, list[dict]] = {"real": [], "copy": [], "teacher_forced": [], "free_running": []}
     mcds: dict[str, list[float]] = {"teacher_forced": [], "free_running": []}
     for u, wav in zip(data.wav_utt, audio):
         stages = stage_audio(syn, wav, mels[int(u)], train_items[int(u)], to_mel, a.max_new_tokens)
         for k, w in stages.items():
-            scores[k].append(dnsmos(w, 24000)["ovrl"])
+            scores[k].append(dnsmos(w, 24000))
         for k in mcds:
             mcds[k].append(mcd(wav, stages[k], 24000, align="dtw").value_db)
     res = {"utterances": len(audio), "corpus": str(a.corpus), "model": str(a.model or "shipped voice"),
-           "dnsmos_ovrl": {k: bootstrap_ci(v) for k, v in scores.items()},
+           "dnsmos_ovrl": {k: bootstrap_ci([s["ovrl"] for s in v]) for k, v in scores.items()},
            "mcd_db": {k: bootstrap_ci(v) for k, v in mcds.items()},
-           "mcd_settings": MCD_SETTINGS}
+           "mcd_settings": MCD_SETTINGS,
+           **dnsmos_tables([train_items[int(u)] for u in data.wav_utt], **scores)}
     return report(res, a)
 
 

@@ -89,6 +89,16 @@ def picture(ref: np.ndarray, syn: np.ndarray, title: str, path: Path) -> None:
     plt.close(fig)
 
 
+DNSMOS_PARTS = ("ovrl", "sig", "bak")  # overall, and the speech signal and the background that it weighs
+
+
+def dnsmos_tables(items: list[dict], **scores: list[dict]) -> dict:
+    """Each DNSMOS part by voice (`dnsmos_ovrl_by_voice`, `_sig_`, `_bak_`) from per-sentence score dicts: the
+    background part shows noise that a vocoder or Decoder adds, which the overall score alone hides."""
+    return {f"dnsmos_{part}_by_voice": by_voice(items, **{name: [s[part] for s in xs] for name, xs in scores.items()})
+            for part in DNSMOS_PARTS}
+
+
 def by_voice(items: list[dict], **series: list[float]) -> dict:
     """Mean of each per-sentence series by language and speaker ("en f4"): where a model loses, voice by voice.
     Series may be shorter than items (DNSMOS scores only the first --dnsmos sentences); NaN entries are left out."""
@@ -171,8 +181,9 @@ def main(argv=None):
     model = syn.model
     to_mel = LogMel(model.cfg.vocos).to(syn.device)
     vocoded = [copy_synthesis(model, to_mel, r) for r in refs]
-    dn_ref = [dnsmos(r, 24000)["ovrl"] for r in refs[:k]]
-    dn_voc = [dnsmos(v, 24000)["ovrl"] for v in vocoded[:k]]
+    sc_ref = [dnsmos(r, 24000) for r in refs[:k]]
+    sc_voc = [dnsmos(v, 24000) for v in vocoded[:k]]
+    dn_ref, dn_voc = ([s["ovrl"] for s in sc] for sc in (sc_ref, sc_voc))
     res: dict[str, object] = {
         "sentences": len(items),
         "mcd_settings": MCD_SETTINGS,
@@ -181,7 +192,7 @@ def main(argv=None):
         "mcd_db_vocoded_reference": bootstrap_ci([mcd(r, v, 24000, align="dtw").value_db for r, v in zip(refs, vocoded)]),
     }
     if a.vocoder_only:
-        res["dnsmos_ovrl_by_voice"] = by_voice(items, reference=dn_ref, vocoded_reference=dn_voc)
+        res.update(dnsmos_tables(items, reference=sc_ref, vocoded_reference=sc_voc))
         return report(res, a)
     chosen = {k: v for k, v in (("temperature", a.temperature), ("top_p", a.top_p)) if v is not None}
     params = SamplingParams(max_new_tokens=a.max_new_tokens, **chosen)
@@ -203,7 +214,8 @@ def main(argv=None):
         except ValueError:  # too short / silent synthesized audio
             mcds.append(float("nan"))
     mcd_ok = [m for m in mcds if np.isfinite(m)]
-    dn_syn = [dnsmos(w, 24000)["ovrl"] if len(w) > 12000 else float("nan") for w in wavs[:k]]
+    sc_syn = [dnsmos(w, 24000) if len(w) > 12000 else dict.fromkeys(DNSMOS_PARTS, float("nan")) for w in wavs[:k]]
+    dn_syn = [s["ovrl"] for s in sc_syn]
     ratios_a = np.array(ratios)
     res.update({
         "synthesis_seconds_cpu": round(synth_s, 1),
@@ -215,7 +227,7 @@ def main(argv=None):
         "speaker_distance_synth": speaker_distances(items, wavs),
         "speaker_distance_reference": speaker_distances(items, refs),
         "per_language": {},
-        "dnsmos_ovrl_by_voice": by_voice(items, reference=dn_ref, vocoded_reference=dn_voc, synth=dn_syn),
+        **dnsmos_tables(items, reference=sc_ref, vocoded_reference=sc_voc, synth=sc_syn),
         "settings": {"seed": a.seed, "max_new_tokens": a.max_new_tokens,
                      "sampling": {"ChatTTS defaults, except": chosen} if chosen else "ChatTTS defaults",
                      "speaker": "the held-out sentence's speaker, by voice name"},
