@@ -573,7 +573,7 @@ def test_grown_gpt_computes_what_the_old_one_did_and_its_new_blocks_learn(tmp_pa
     import torch
 
     from toolkit.models.gpt import GPT
-    from toolkit.voice.train import GUIDED_LAYER, grow_gpt_layers, load_state, main, voice_config
+    from toolkit.voice.train import GUIDED_LAYER, grow_gpt_layers, voice_config
 
     cfg = dataclasses.replace(voice_config(20, smoke=True).gpt, layers=3)
     torch.manual_seed(0)
@@ -591,24 +591,61 @@ def test_grown_gpt_computes_what_the_old_one_did_and_its_new_blocks_learn(tmp_pa
 
     if not ESPEAK:
         pytest.skip("espeak-ng not installed: the training half needs a corpus")
-    from toolkit.synthesizer import Synthesizer, load_model
-    from toolkit.sampling import SamplingParams
-
-    run = tmp_path / "run"
-    main(["--smoke", "--out", str(run)])
-    main(["--smoke", "--data", str(run / "corpus" / "pack"), "--resume", str(run), "--out", str(tmp_path / "grown"),
-          "--stages", "gpt", "--gpt-grow", "1", "--gpt-steps", "1"])
-    after = load_state(tmp_path / "grown", "gpt")[0]
+    after, model = grow_train_and_export(tmp_path, "gpt", ["--gpt-grow", "1", "--gpt-steps", "1"])
     assert {k.split(".")[2] for k in after if k.startswith("gpt.layers.")} == {"0", "1", "2"}
     assert after["gpt.layers.2.feed_forward.w2.weight"].abs().sum() > 0  # it learned, from zero
-    for f in [*run.glob("dvae.*"), *run.glob("vocos.*")]:  # the export reads the run's other parts beside the GPT
-        shutil.copy(f, tmp_path / "grown" / f.name)
-    main(["--smoke", "--data", str(run / "corpus" / "pack"), "--resume", str(tmp_path / "grown"), "--stages", "",
+    assert model.cfg.gpt.layers == 3
+
+
+def grow_train_and_export(tmp_path, stage: str, options: list[str]):
+    """A smoke run, then `stage` trained on from it with `options` (a --*-grow), the run's other parts copied beside
+    it, exported and loaded: -> (the stage's trained state, the loaded model), after checking that the model speaks."""
+    from toolkit.synthesizer import Synthesizer, load_model
+    from toolkit.sampling import SamplingParams
+    from toolkit.voice.train import load_state, main
+
+    run, grown = tmp_path / "run", tmp_path / "grown"
+    main(["--smoke", "--out", str(run)])
+    main(["--smoke", "--data", str(run / "corpus" / "pack"), "--resume", str(run), "--out", str(grown),
+          "--stages", stage, *options])
+    for part in {"gpt", "dvae", "vocos"} - {stage}:  # the export reads the run's other parts beside the trained one
+        for f in run.glob(f"{part}.*"):
+            shutil.copy(f, grown / f.name)
+    main(["--smoke", "--data", str(run / "corpus" / "pack"), "--resume", str(grown), "--stages", "",
           "--export", str(tmp_path / "model")])
     model = load_model(tmp_path / "model")
-    assert model.cfg.gpt.layers == 3
     out = Synthesizer(model, device="cpu").synthesize(["Hi."], params=SamplingParams(max_new_tokens=8))
     assert np.isfinite(out[0].wav).all() and out[0].wav.size > 0
+    return load_state(grown, stage)[0], model
+
+
+def test_grown_vocoder_renders_what_the_old_one_did_and_its_new_blocks_learn(tmp_path):
+    """--vocos-grow appends identity ConvNeXt blocks: the deeper vocoder's audio equals the old one's, its reach grows,
+    the new blocks' layer scales leave zero after a step, and the export loads with the new depth."""
+    import dataclasses
+
+    import torch
+
+    from toolkit.models.vocos import Vocos
+    from toolkit.voice.train import grow_vocos_layers, main, voice_config
+
+    cfg = voice_config(20, smoke=True).vocos
+    torch.manual_seed(0)
+    old = Vocos(cfg).eval()
+    grown = Vocos(dataclasses.replace(cfg, layers=cfg.layers + 2)).eval()
+    grown.load_state_dict(grow_vocos_layers(old.state_dict(), cfg, 2, seed=0))
+    mel = torch.randn(2, cfg.n_mels, 20)
+    torch.testing.assert_close(grown(mel), old(mel), rtol=0, atol=0)
+    assert grown.receptive_radius == old.receptive_radius + 6
+
+    if not ESPEAK:
+        pytest.skip("espeak-ng not installed: the training half needs a corpus")
+    after, model = grow_train_and_export(tmp_path, "vocos", ["--vocos-grow", "1", "--vocos-steps", "2"])
+    assert after[f"blocks.{cfg.layers}.scale"].abs().sum() > 0  # it learned, from zero
+    assert model.cfg.vocos.layers == cfg.layers + 1
+    with pytest.raises(SystemExit, match="--vocos-grow deepens a trained vocoder"):
+        main(["--smoke", "--data", str(tmp_path / "run" / "corpus" / "pack"), "--out", str(tmp_path / "x"),
+              "--stages", "vocos", "--vocos-grow", "1", "--vocos-steps", "1"])
 
 
 def test_picture_titles_show_mandarin_as_its_phonemes():

@@ -95,10 +95,13 @@ def sub_state(state: dict, prefix: str) -> dict:
 
 
 def run_config(cfg: ModelConfig, gpt_state: dict | None, hidden: int | None = None,
-               layers: int | None = None) -> ModelConfig:
+               layers: int | None = None, vocos_state: dict | None = None) -> ModelConfig:
     """cfg with the GPT depth and the Decoder that a run's gpt checkpoint holds (its weights' shapes say their sizes),
-    then --decoder-hidden and --decoder-layers over that: a Decoder of a new size is trained from scratch."""
+    then --decoder-hidden and --decoder-layers over that: a Decoder of a new size is trained from scratch; and the
+    vocoder depth of its vocos checkpoint."""
     dec, gpt = cfg.decoder, cfg.gpt
+    if vocos_state is not None:
+        cfg = dataclasses.replace(cfg, vocos=dataclasses.replace(cfg.vocos, layers=vocos_layer_count(vocos_state)))
     if gpt_state is not None and "decoder.conv_in.2.weight" in gpt_state:
         dec = convstack_config(sub_state(gpt_state, "decoder."), "", dec.idim)
     if gpt_state is not None and "gpt.layers.0.attention.wo.weight" in gpt_state:
@@ -133,6 +136,24 @@ def grow_gpt_layers(gpt_state: dict, cfg: GPTConfig, new: int, seed: int) -> dic
         if i >= old - new:
             out.update({f"gpt.layers.{pos}.{k}": v.clone() for k, v in fresh.items()})
             pos += 1
+    return out
+
+
+def vocos_layer_count(vocos_state: dict) -> int:
+    return len({k.split(".")[1] for k in vocos_state if k.startswith("blocks.")})
+
+
+def grow_vocos_layers(vocos_state: dict, cfg: VocosConfig, new: int, seed: int) -> dict:
+    """A vocoder's state with `new` more ConvNeXt blocks after its last. Each starts as the identity (layer scale zero,
+    whose gradient opens it; the rest a fresh init): the grown vocoder renders what the old one did, with more depth
+    and 3 frames more reach per block (espeak's echo, 130-140 ms or 12-13 frames back, is what it renders worst)."""
+    old = vocos_layer_count(vocos_state)
+    out = dict(vocos_state)
+    with torch.random.fork_rng(devices=[]):  # the caller's random stream stays as it was
+        torch.manual_seed(seed)
+        for i in range(old, old + new):
+            fresh = ConvNeXtBlock(cfg.dim, cfg.intermediate).state_dict()
+            out.update({f"blocks.{i}.{k}": torch.zeros_like(v) if k == "scale" else v for k, v in fresh.items()})
     return out
 
 
@@ -273,9 +294,14 @@ def train_vocos(cfg: ModelConfig, data: Data, args, device, log, dec_mels: dict[
     With dec_mels (decoder_mels), the vocoder reads the Decoder's mels instead of the audio's own, hop-aligned."""
     torch.manual_seed(args.seed)
     g = np.random.default_rng(args.seed)
+    prev = load_state(args.resume, "vocos")
+    if args.vocos_grow:
+        if not prev:
+            raise SystemExit("--vocos-grow deepens a trained vocoder: give --resume a run folder with a vocos checkpoint")
+        prev = (grow_vocos_layers(prev[0], cfg.vocos, args.vocos_grow, args.seed), prev[1])
+        cfg = dataclasses.replace(cfg, vocos=dataclasses.replace(cfg.vocos, layers=vocos_layer_count(prev[0])))
     vocos = Vocos(cfg.vocos).to(device)
     logmel = LogMel(cfg.vocos).to(device)
-    prev = load_state(args.resume, "vocos")
     step0 = 0
     if prev:
         vocos.load_state_dict(prev[0])
@@ -752,7 +778,7 @@ def export(args) -> Path:
         from safetensors.torch import load_file
         kept = {k: t for k, t in g[0].items() if not k.startswith("decoder.")}
         g = ({**kept, **{f"decoder.{k}": t.float() for k, t in load_file(str(args.decoder_from)).items()}}, g[1])
-    model = TTSModel(run_config(voice_config(tok.vocab_size, args.smoke), g[0]), tok)
+    model = TTSModel(run_config(voice_config(tok.vocab_size, args.smoke), g[0], vocos_state=v[0]), tok)
     model.gpt.load_state_dict(sub_state(g[0], "gpt."))
     model.decoder.load_state_dict(sub_state(g[0], "decoder."))
     model.dvae.load_state_dict(sub_state(d[0], "dec."))
@@ -870,6 +896,9 @@ def main(argv=None):
                     help="--decoder-gan: random windows of %d mel frames judged per utterance and step" % STFT_FRAMES)
     ap.add_argument("--gpt-grow", type=int, default=0,
                     help="gpt stage: insert this many identity blocks into the resumed GPT (deeper, same function)")
+    ap.add_argument("--vocos-grow", type=int, default=0,
+                    help="vocos stage: append this many identity ConvNeXt blocks to the resumed vocoder (deeper, same "
+                         "function)")
     ap.add_argument("--freeze-gpt", action="store_true",
                     help="gpt stage: train only the Decoder, on the frozen GPT's states")
     ap.add_argument("--probe", action="store_true", help="free-running generation check at the end")
@@ -945,8 +974,9 @@ def main(argv=None):
     from ..models import Tokenizer
     tok = Tokenizer(Path(args.data) / "tokenizer.json")
     spk_id, vocab = tok.token_id("[spk_emb]"), tok.vocab_size
+    vocos_resumed = load_state(args.resume, "vocos")
     cfg = run_config(voice_config(vocab, args.smoke), resumed[0] if resumed else None, args.decoder_hidden,
-                     args.decoder_layers)
+                     args.decoder_layers, vocos_resumed[0] if vocos_resumed else None)
     log("data", 0, utterances=data.n, frames=int(data.mel_off[-1]), vocab=vocab, device=str(device),
         gpt_layers=cfg.gpt.layers)
 
