@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# One GPU call (`run` with carry [".espeak"]): build the codes+mels corpus there, then train a Decoder, alone, on the
-# shipped voice's frozen GPT states (`train --freeze-gpt`, the GPT bit for bit the shipped one's). Only the Decoder's
-# weights come back ($OUT/decoder.safetensors, fp16), with the training log; `toolkit.voice.train --export --decoder-from` puts
-# them into a voice folder beside the shipped GPT, DVAE and vocoder.
+# One GPU call (`run` with carry [".espeak", ".whl/eval"]): build the codes+mels corpus there, then train a Decoder,
+# alone, on the shipped voice's frozen GPT states (`train --freeze-gpt`, the GPT bit for bit the shipped one's). Only
+# the Decoder's weights come back ($OUT/decoder.safetensors, fp16), with the training log; `toolkit.voice.train --export
+# --decoder-from` puts them into a voice folder beside the shipped GPT, DVAE and vocoder.
 #   bash benchmarks/voice_decoder_h200.sh UTTERANCES DEADLINE_SECONDS [toolkit.voice.train options...]
 # The training gets what is left of DEADLINE_SECONDS after the corpus, less a margin for the export of the weights.
 # RESUME=DIR (a run folder with gpt and dvae checkpoints, carried) freezes that run's GPT instead of the shipped one's.

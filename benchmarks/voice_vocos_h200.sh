@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
-# One GPU call (`run` with carry [".espeak"]): build a PCM corpus there, then train the shipped voice's vocoder on
-# (`train --stages vocos`, from its weights), e.g. with --vocos-gan against Vocos's discriminators. Back come the
-# vocoder's run checkpoint ($OUT/vocos.0.pt and vocos.json, fp32, about 8 MB) and the training log; beside the
+# One GPU call (`run` with carry [".espeak", ".whl/eval"]): build a PCM corpus there, then train the shipped voice's
+# vocoder on (`train --stages vocos`, from its weights), e.g. with --vocos-gan against Vocos's discriminators. Back come
+# the vocoder's run checkpoint ($OUT/vocos.0.pt and vocos.json, fp32, about 8 MB) and the training log; beside the
 # shipped voice's other run checkpoints (`train --from-voice`) it exports as a voice (`train --stages "" --export`).
 #   bash benchmarks/voice_vocos_h200.sh UTTERANCES DEADLINE_SECONDS [toolkit.voice.train options...]
 # The training gets what is left of DEADLINE_SECONDS after the corpus, less a margin for saving. A warm machine keeps
 # runs/ between calls: RESUME=runs/voc goes on from the previous call's run (its vocoder, and with --vocos-gan its
-# discriminators, 41 M parameters, which stay there). DEVICE=cpu runs it here, slowly (a check of the script).
+# discriminators, 41 M parameters, which stay there; a --vocos-grow belongs to the first call only). DEVICE=cpu runs
+# it here, slowly (a check of the script).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 corpus=runs/corpus_pcm fresh=runs/voc_in out_default=runs/vocos_out margin=30
