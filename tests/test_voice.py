@@ -387,6 +387,20 @@ def test_measure_scores_held_out_sentences_and_the_vocoders_ceiling(tmp_path):
                 } == alone[f"dnsmos_{part}_by_voice"], part
 
 
+def test_a_clip_too_short_for_dnsmos_scores_nan_and_is_left_out_of_the_voice_tables():
+    """A synthesis that stopped at once (under DNSMOS's 0.5 s) gets NaN for every DNSMOS part instead of stopping the
+    whole measure or gap run, and the by-voice tables average only the clips that were scored."""
+    from toolkit.voice.measure import DNSMOS_PARTS, dnsmos_scores, dnsmos_tables
+
+    short = dnsmos_scores(np.zeros(11_000, np.float32))  # 0.46 s at 24 kHz
+    assert set(short) >= set(DNSMOS_PARTS) and all(np.isnan(short[p]) for p in DNSMOS_PARTS)
+    noise = dnsmos_scores((np.random.default_rng(0).standard_normal(24_000) * 0.1).astype(np.float32))
+    assert all(1.0 <= noise[p] <= 5.0 for p in DNSMOS_PARTS), noise
+    tables = dnsmos_tables([{"lang": "en", "speaker": "f4"}] * 2, synth=[short, noise])
+    for part in DNSMOS_PARTS:
+        assert tables[f"dnsmos_{part}_by_voice"]["en f4"] == {"n": 2, "synth": noise[part]}
+
+
 def fit_and_check_discriminators(disc, batch, length: int, window: int) -> None:
     """25 hinge-loss steps on windows of the first half of a sentence (batch(offsets) -> (real, degraded)); then
     every discriminator scores unseen windows of the second half above their degraded copies, and the generator's

@@ -92,6 +92,16 @@ def picture(ref: np.ndarray, syn: np.ndarray, title: str, path: Path) -> None:
 DNSMOS_PARTS = ("ovrl", "sig", "bak")  # overall, and the speech signal and the background that it weighs
 
 
+def dnsmos_scores(wav: np.ndarray, sr: int = 24000) -> dict[str, float]:
+    """DNSMOS's parts of a clip; NaN for each where it is shorter than DNSMOS takes (a synthesis that stopped at
+    once), so that one such clip does not stop a whole measurement."""
+    from evaluation.metrics import MIN_DNSMOS_SECONDS, dnsmos
+
+    if len(wav) < MIN_DNSMOS_SECONDS * sr:
+        return dict.fromkeys(DNSMOS_PARTS, float("nan"))
+    return dnsmos(wav, sr)
+
+
 def dnsmos_tables(items: list[dict], **scores: list[dict]) -> dict:
     """Each DNSMOS part by voice (`dnsmos_ovrl_by_voice`, `_sig_`, `_bak_`) from per-sentence score dicts: the
     background part shows noise that a vocoder or Decoder adds, which the overall score alone hides."""
@@ -163,7 +173,7 @@ def main(argv=None):
 
     import soundfile as sf
 
-    from evaluation.metrics import bootstrap_ci, dnsmos, mcd
+    from evaluation.metrics import bootstrap_ci, mcd
 
     import torch
 
@@ -181,8 +191,8 @@ def main(argv=None):
     model = syn.model
     to_mel = LogMel(model.cfg.vocos).to(syn.device)
     vocoded = [copy_synthesis(model, to_mel, r) for r in refs]
-    sc_ref = [dnsmos(r, 24000) for r in refs[:k]]
-    sc_voc = [dnsmos(v, 24000) for v in vocoded[:k]]
+    sc_ref = [dnsmos_scores(r) for r in refs[:k]]
+    sc_voc = [dnsmos_scores(v) for v in vocoded[:k]]
     dn_ref, dn_voc = ([s["ovrl"] for s in sc] for sc in (sc_ref, sc_voc))
     res: dict[str, object] = {
         "sentences": len(items),
@@ -214,7 +224,7 @@ def main(argv=None):
         except ValueError:  # too short / silent synthesized audio
             mcds.append(float("nan"))
     mcd_ok = [m for m in mcds if np.isfinite(m)]
-    sc_syn = [dnsmos(w, 24000) if len(w) > 12000 else dict.fromkeys(DNSMOS_PARTS, float("nan")) for w in wavs[:k]]
+    sc_syn = [dnsmos_scores(w) for w in wavs[:k]]
     dn_syn = [s["ovrl"] for s in sc_syn]
     ratios_a = np.array(ratios)
     res.update({
