@@ -51,12 +51,12 @@ def main(argv=None) -> dict:
 
     import torch
 
-    from evaluation.metrics import bootstrap_ci, mcd
+    from evaluation.metrics import bootstrap_ci
 
     from ..models.vocos import LogMel
     from ..synthesizer import Synthesizer
     from .corpus import load_pack
-    from .measure import MCD_SETTINGS, dnsmos_scores, dnsmos_tables, report
+    from .measure import MCD_SETTINGS, dnsmos_scores, dnsmos_tables, dtw_mcd, report, scored
     from .train import Data, decoder_mels
 
     data = Data(load_pack(a.corpus / "pack"), torch.device("cpu"))
@@ -82,15 +82,11 @@ def main(argv=None) -> dict:
         for k, w in stages.items():
             scores[k].append(dnsmos_scores(w))
         for k in mcds:
-            try:
-                mcds[k].append(mcd(wav, stages[k], 24000, align="dtw").value_db)
-            except ValueError:  # a synthesis too short to align
-                mcds[k].append(float("nan"))
-    finite = lambda xs: [x for x in xs if np.isfinite(x)]  # noqa: E731  (a too-short clip has no score)
+            mcds[k].append(dtw_mcd(wav, stages[k]))
     res = {"utterances": len(audio), "corpus": str(a.corpus), "model": str(a.model or "shipped voice"),
-           "dnsmos_ovrl": {k: bootstrap_ci(finite([s["ovrl"] for s in v])) for k, v in scores.items()},
-           "mcd_db": {k: bootstrap_ci(finite(v)) for k, v in mcds.items()},
-           "unscored": {k: len(v) - len(finite([s["ovrl"] for s in v])) for k, v in scores.items()},
+           "dnsmos_ovrl": {k: bootstrap_ci(scored([s["ovrl"] for s in v])) for k, v in scores.items()},
+           "mcd_db": {k: bootstrap_ci(scored(v)) for k, v in mcds.items()},
+           "unscored": {k: len(v) - len(scored([s["ovrl"] for s in v])) for k, v in scores.items()},
            "mcd_settings": MCD_SETTINGS,
            **dnsmos_tables([train_items[int(u)] for u in data.wav_utt], **scores)}
     return report(res, a)

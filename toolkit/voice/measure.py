@@ -102,6 +102,21 @@ def dnsmos_scores(wav: np.ndarray, sr: int = 24000) -> dict[str, float]:
     return dnsmos(wav, sr)
 
 
+def dtw_mcd(ref: np.ndarray, wav: np.ndarray) -> float:
+    """DTW-MCD (dB) of a 24 kHz clip against its reference; NaN where the clip is too short or silent to align."""
+    from evaluation.metrics import mcd
+
+    try:
+        return mcd(ref, wav, 24000, align="dtw").value_db
+    except ValueError:
+        return float("nan")
+
+
+def scored(xs: list[float]) -> list[float]:
+    """The scored entries of a series (NaN marks a clip too short to score)."""
+    return [x for x in xs if np.isfinite(x)]
+
+
 def dnsmos_tables(items: list[dict], **scores: list[dict]) -> dict:
     """Each DNSMOS part by voice (`dnsmos_ovrl_by_voice`, `_sig_`, `_bak_`) from per-sentence score dicts: the
     background part shows noise that a vocoder or Decoder adds, which the overall score alone hides."""
@@ -219,11 +234,8 @@ def main(argv=None):
     for it, r, w in zip(items, refs, wavs):
         ratios.append(len(w) / len(r))
         eos.append(not out[it["id"]].hit_limit)
-        try:
-            mcds.append(mcd(r, w, 24000, align="dtw").value_db)
-        except ValueError:  # too short / silent synthesized audio
-            mcds.append(float("nan"))
-    mcd_ok = [m for m in mcds if np.isfinite(m)]
+        mcds.append(dtw_mcd(r, w))
+    mcd_ok = scored(mcds)
     sc_syn = [dnsmos_scores(w) for w in wavs[:k]]
     dn_syn = [s["ovrl"] for s in sc_syn]
     ratios_a = np.array(ratios)
@@ -233,7 +245,7 @@ def main(argv=None):
         "duration_ratio_median": float(np.median(ratios_a)),
         "duration_within_25pct": float(np.mean((ratios_a > 0.75) & (ratios_a < 1.25))),
         "eos_reached": float(np.mean(eos)),
-        "dnsmos_ovrl_synth": bootstrap_ci([x for x in dn_syn if np.isfinite(x)]),
+        "dnsmos_ovrl_synth": bootstrap_ci(scored(dn_syn)),
         "speaker_distance_synth": speaker_distances(items, wavs),
         "speaker_distance_reference": speaker_distances(items, refs),
         "per_language": {},
