@@ -7,11 +7,13 @@
 # The training gets what is left of DEADLINE_SECONDS after the corpus, less a margin for saving. A warm machine keeps
 # runs/ between calls: RESUME=runs/voc goes on from the previous call's run (its vocoder, and with --vocos-gan its
 # discriminators, 41 M parameters, which stay there; a --vocos-grow belongs to the first call only). DEVICE=cpu runs
-# it here, slowly (a check of the script).
+# it here, slowly (a check of the script). With --vocos-on-decoder the corpus also holds the shipped voice's codes
+# (`corpus --codes-from`), so that the vocoder reads its Decoder's teacher-forced mels, paired with the real audio.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 corpus=runs/corpus_pcm fresh=runs/voc_in out_default=runs/vocos_out margin=30
 corpus_options=(--vocoder-seconds 100000)
+[[ " $* " != *" --vocos-on-decoder "* ]] || { corpus=runs/corpus_pcm_codes; corpus_options+=(--codes-from toolkit/assets/voice); }
 source benchmarks/voice_call.sh
 rm -rf runs/voc.next
 python3 -m toolkit.voice.train --data "$corpus/pack" --resume "$resume" --stages vocos --out runs/voc.next \

@@ -206,6 +206,33 @@ def test_speakers(tiny_synth):
         v(torch.zeros(3))
 
 
+def test_the_default_voice_is_kept_through_save_quantize_and_export(tmp_path):
+    """A synthesis given no speaker uses the model's default voice, written in the manifest (safetensors sorts
+    keys): after a reload, in a quantized artifact and in the ONNX runtime."""
+    from conftest import make_tiny_model
+    from toolkit.export import export_onnx
+    from toolkit.precision import quantize
+    from toolkit.precision.artifact import save_artifact
+    from toolkit.runtime import EdgeSynthesizer
+
+    model = make_tiny_model(tmp_path / "src")
+    D = model.cfg.gpt.hidden
+    model.voices = {"zed": torch.randn(D), "alice": torch.randn(D)}  # "alice" sorts first
+    folder = save_ttsq(model, tmp_path / "model")
+    assert json.loads((folder / "manifest.json").read_text())["default_voice"] == "zed"
+    want = model.voices["zed"]
+    assert torch.equal(Synthesizer(folder, "cpu").speaker_vector(None), want)
+    quantize(model, "bf16", device="cpu")
+    artifact = save_artifact(model, tmp_path / "bf16")
+    assert torch.equal(Synthesizer(artifact, "cpu").speaker_vector(None), model.voices["zed"].float())
+    edge = EdgeSynthesizer(export_onnx(folder, "fp32", tmp_path / "onnx"), threads=1)
+    assert np.array_equal(edge.speaker_vector(None), want.numpy())
+    manifest = json.loads((folder / "manifest.json").read_text())
+    (folder / "manifest.json").write_text(json.dumps({**manifest, "default_voice": "bob"}))
+    with pytest.raises(CheckpointError, match="default voice 'bob'.*'alice', 'zed'"):
+        load_model(folder)
+
+
 def test_bad_inputs(tiny_synth):
     with pytest.raises(TextError):
         tiny_synth.synthesize("   ")

@@ -274,6 +274,17 @@ def split_state(model: TTSModel) -> dict[str, Tensor]:
     return state
 
 
+def default_voice_first(voices: dict[str, Tensor], default: str | None, named_in: str) -> dict[str, Tensor]:
+    """The voices with `default` first: a synthesis given no speaker uses the first voice, and safetensors stores
+    keys sorted, so the manifest writes the default down (default_voice)."""
+    if default is None:
+        return voices
+    if default not in voices:
+        raise CheckpointError(f"{named_in} names the default voice {default!r}, but the model's voices are "
+                              f"{sorted(voices) or 'none'}: name one of those")
+    return {default: voices[default], **{k: v for k, v in voices.items() if k != default}}
+
+
 def load_ttsq(root: Path, manifest: dict | None = None) -> TTSModel:
     manifest = manifest or read_manifest(root)
     verify_files(root, manifest)
@@ -283,7 +294,8 @@ def load_ttsq(root: Path, manifest: dict | None = None) -> TTSModel:
         raise CheckpointError(f"{root / 'manifest.json'} has a bad config: {e}") from e
     model = TTSModel(cfg, Tokenizer(root / "tokenizer.json"))
     state = read_tensors(root / "model.safetensors")
-    model.voices = {k[len("voice."):]: state.pop(k) for k in list(state) if k.startswith("voice.")}
+    model.voices = default_voice_first({k[len("voice."):]: state.pop(k) for k in list(state) if k.startswith("voice.")},
+                                       manifest.get("default_voice"), str(root / "manifest.json"))
     load_strict(model, {k: v.float() if v.is_floating_point() else v for k, v in state.items()}, f"ttsq model {root}")
     return model.eval().requires_grad_(False)
 
@@ -311,7 +323,7 @@ def save_ttsq(model: TTSModel, out: str | Path, *, force: bool = False, extra: d
         shutil.copyfile(model.tokenizer.path, tmp / "tokenizer.json")
         write_manifest(tmp, {"precision": "fp32", "weights_dtype": dtype_name,
                              "config": model.cfg.to_dict(), "frontend": getattr(model, "frontend", None),
-                             **(extra or {})})
+                             "default_voice": next(iter(model.voices), None), **(extra or {})})
     return out
 
 

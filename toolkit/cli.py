@@ -101,7 +101,7 @@ def cmd_info(a) -> int:
     counts = model.parameter_counts()
     info = {"path": str(root), "layout": layout, "precision": manifest.get("precision", "fp32"),
             "size_bytes": size, "parameters": counts, "parameters_total": sum(counts.values()),
-            "voices": sorted(model.voices), "frontend": manifest.get("frontend"), "config": model.cfg.to_dict()}
+            "voices": sorted(model.voices), "default_voice": next(iter(model.voices), None), "frontend": manifest.get("frontend"), "config": model.cfg.to_dict()}
     if a.json:
         print(json.dumps(info, indent=2))
         return 0
@@ -112,7 +112,8 @@ def cmd_info(a) -> int:
     g = model.cfg.gpt
     print(f"  gpt: hidden {g.hidden}, {g.layers} layers, {g.heads} heads, ffn {g.intermediate}, "
           f"text vocab {g.num_text_tokens}, {g.num_vq} x {g.num_audio_tokens} codes")
-    print(f"  voices: {', '.join(info['voices']) or '(random speakers from seeds)'}")
+    voices = f"{', '.join(info['voices'])} (default {info['default_voice']})" if info["voices"] else None
+    print(f"  voices: {voices or '(random speakers from seeds)'}")
     if manifest.get("layers"):
         from collections import Counter
         print("  layers: " + ", ".join(f"{n} {p}" for p, n in Counter(manifest["layers"].values()).items()))

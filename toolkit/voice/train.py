@@ -766,7 +766,7 @@ def probe(cfg, gpt, data, codes, spk_table, spk_id, device, log, n=16):
 
 # --- export --------------------------------------------------------------------------------------
 def export(args) -> Path:
-    from ..checkpoint import save_ttsq
+    from ..checkpoint import default_voice_first, save_ttsq
     from ..models import TTSModel, Tokenizer
 
     tok_path = Path(args.data) / "tokenizer.json"
@@ -785,7 +785,8 @@ def export(args) -> Path:
     model.vocos.load_state_dict(v[0])
     table = g[0]["spk_table"].float()
     info = json.loads((Path(args.data) / "pack.json").read_text())
-    model.voices = {name: table[i].clone() for i, name in enumerate(info["speakers"])}
+    model.voices = default_voice_first({name: table[i].clone() for i, name in enumerate(info["speakers"])},
+                                       args.default_voice, "--default-voice")
     model.spk_stat.copy_(torch.stack([table.std(0), table.mean(0)]))
     extra = {"frontend": "espeak",
              "voice": {"speakers": info["speakers"], "languages": ["en", "zh"],
@@ -906,6 +907,9 @@ def main(argv=None):
     ap.add_argument("--export", type=Path, default=None, help="write a ttsq model folder from --resume")
     ap.add_argument("--export-fp16", action="store_true",
                     help="with --export: store the weights in fp16 (half the size; they load as fp32)")
+    ap.add_argument("--default-voice", default=None,
+                    help="with --export: the voice a synthesis uses when given no speaker (default: the first speaker "
+                         "of the corpus)")
     ap.add_argument("--decoder-from", type=Path, default=None,
                     help="with --export: the Decoder's weights from this safetensors file instead of --resume's")
     ap.add_argument("--encoder-to", type=Path, default=None,
