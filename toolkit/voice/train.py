@@ -313,6 +313,7 @@ def train_vocos(cfg: ModelConfig, data: Data, args, device, log, dec_mels: dict[
         disc, opt_d = resumed_discriminators(Discriminators(), args.resume, "vocos_disc", args.vocos_lr, betas, device)
     seg = 64 * 256 if not args.smoke else 16 * 256
     B = args.vocos_batch
+    tuned, torch.backends.cudnn.benchmark = torch.backends.cudnn.benchmark, True  # fixed shapes: cuDNN's fastest
     wav = data.wav.to(device)
     starts, ends = data.wav_off[:-1], data.wav_off[1:]
     ok = np.flatnonzero(ends - starts > seg)
@@ -351,6 +352,7 @@ def train_vocos(cfg: ModelConfig, data: Data, args, device, log, dec_mels: dict[
         if step % args.log_every == 0:
             log("vocos", step0 + step, mel_l1=loss_mel.item(), stft=loss_stft.item(), **extra)
         step += 1
+    torch.backends.cudnn.benchmark = tuned  # the later stages' shapes vary from batch to batch
     save_state(Path(args.out), "vocos", vocos.state_dict(), {"step": step0 + step})
     if disc is not None:
         save_state(Path(args.out), "vocos_disc", disc.state_dict(), {"step": step0 + step})
