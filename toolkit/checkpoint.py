@@ -294,9 +294,9 @@ def load_ttsq(root: Path, manifest: dict | None = None) -> TTSModel:
         raise CheckpointError(f"{root / 'manifest.json'} has a bad config: {e}") from e
     model = TTSModel(cfg, Tokenizer(root / "tokenizer.json"))
     state = read_tensors(root / "model.safetensors")
-    model.voices = default_voice_first({k[len("voice."):]: state.pop(k) for k in list(state) if k.startswith("voice.")},
-                                       manifest.get("default_voice"), str(root / "manifest.json"))
+    voices = {k[len("voice."):]: state.pop(k) for k in list(state) if k.startswith("voice.")}
     load_strict(model, {k: v.float() if v.is_floating_point() else v for k, v in state.items()}, f"ttsq model {root}")
+    model.voices = default_voice_first(voices, manifest.get("default_voice"), str(root / "manifest.json"))
     return model.eval().requires_grad_(False)
 
 
