@@ -13,7 +13,10 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 corpus=runs/corpus_pcm fresh=runs/voc_in out_default=runs/vocos_out margin=30
 corpus_options=(--vocoder-seconds 100000)
-[[ " $* " != *" --vocos-on-decoder "* ]] || { corpus=runs/corpus_pcm_codes; corpus_options+=(--codes-from toolkit/assets/voice); }
+if [[ " $* " == *" --vocos-on-decoder "* ]]; then
+  corpus=runs/corpus_pcm_codes
+  corpus_options+=(--codes-from toolkit/assets/voice)
+fi
 source benchmarks/voice_call.sh
 rm -rf runs/voc.next
 python3 -m toolkit.voice.train --data "$corpus/pack" --resume "$resume" --stages vocos --out runs/voc.next \

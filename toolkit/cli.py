@@ -101,7 +101,7 @@ def cmd_info(a) -> int:
     counts = model.parameter_counts()
     info = {"path": str(root), "layout": layout, "precision": manifest.get("precision", "fp32"),
             "size_bytes": size, "parameters": counts, "parameters_total": sum(counts.values()),
-            "voices": sorted(model.voices), "default_voice": next(iter(model.voices), None),
+            "voices": sorted(model.voices), "default_voice": model.default_voice,
             "frontend": manifest.get("frontend"), "config": model.cfg.to_dict()}
     if a.json:
         print(json.dumps(info, indent=2))

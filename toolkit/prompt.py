@@ -31,10 +31,10 @@ def encode_prompts(model: TTSModel, sentences: Sequence[str], speaker: Tensor) -
 
 def resolve_speaker(model: TTSModel, speaker: int | str | Tensor | None) -> Tensor:
     """A seed (int, "7" or "seed:7"), a voice name shipped with the model, or a (D,) vector -> (D,) speaker.
-    None picks the model's first voice, or seed 0."""
+    None picks the model's default voice, or seed 0."""
     D = model.cfg.gpt.hidden
     if speaker is None:
-        speaker = next(iter(model.voices), 0)
+        speaker = model.default_voice if model.voices else 0
     speaker = speaker_seed(speaker)
     if isinstance(speaker, int):
         return random_speaker(speaker, model.spk_stat)

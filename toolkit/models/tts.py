@@ -25,6 +25,11 @@ class TTSModel(nn.Module):
         self.voices: dict[str, Tensor] = {}  # named (D,) speaker vectors shipped with the model
 
     @property
+    def default_voice(self) -> str | None:
+        """The voice a synthesis given no speaker uses: the first (load_ttsq puts the manifest's default_voice first)."""
+        return next(iter(self.voices), None)
+
+    @property
     def sample_rate(self) -> int:
         return self.cfg.vocos.sample_rate
 

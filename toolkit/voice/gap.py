@@ -83,10 +83,11 @@ def main(argv=None) -> dict:
             scores[k].append(dnsmos_scores(w))
         for k in mcds:
             mcds[k].append(dtw_mcd(wav, stages[k]))
+    ovrl = {k: scored([s["ovrl"] for s in v]) for k, v in scores.items()}
     res = {"utterances": len(audio), "corpus": str(a.corpus), "model": str(a.model or "shipped voice"),
-           "dnsmos_ovrl": {k: bootstrap_ci(scored([s["ovrl"] for s in v])) for k, v in scores.items()},
+           "dnsmos_ovrl": {k: bootstrap_ci(v) for k, v in ovrl.items()},
            "mcd_db": {k: bootstrap_ci(scored(v)) for k, v in mcds.items()},
-           "unscored": {k: len(v) - len(scored([s["ovrl"] for s in v])) for k, v in scores.items()},
+           "unscored": {k: len(scores[k]) - len(v) for k, v in ovrl.items()},
            "mcd_settings": MCD_SETTINGS,
            **dnsmos_tables([train_items[int(u)] for u in data.wav_utt], **scores)}
     return report(res, a)
