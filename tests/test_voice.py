@@ -355,6 +355,8 @@ def test_export_takes_a_decoder_trained_apart_and_stores_fp16(tmp_path):
 def test_measure_scores_held_out_sentences_and_the_vocoders_ceiling(tmp_path):
     """toolkit.voice.measure on two held-out sentences of a fresh corpus: every figure is there and in range, and the
     vocoder resynthesising a reference from its own log-mel is closer to it than the whole model's synthesis is."""
+    import json
+
     from toolkit.voice.corpus import build
     from toolkit.voice.measure import main
 
@@ -385,6 +387,12 @@ def test_measure_scores_held_out_sentences_and_the_vocoders_ceiling(tmp_path):
     for part in ("ovrl", "sig", "bak"):
         assert {v: {k: x for k, x in row.items() if k != "synth"} for v, row in res[f"dnsmos_{part}_by_voice"].items()
                 } == alone[f"dnsmos_{part}_by_voice"], part
+    default = json.loads((SHIPPED / "manifest.json").read_text())["default_voice"]
+    assert {r["speaker"] for r in rows} != {default}  # else the next run would prove nothing
+    one = main(["--corpus", str(tmp_path / "corpus"), "--n", "2", "--max-new-tokens", "300", "--dnsmos", "2",
+                "--speaker", "default"])  # as `ttsq synth` without --speaker speaks
+    assert [r["speaker"] for r in one["per_sentence"]] == [default, default] and one["settings"]["speaker"] == default
+    assert one["speaker_distance_synth"] is None and one["dnsmos_ovrl_reference"] == res["dnsmos_ovrl_reference"]
 
 
 def test_a_clip_too_short_for_dnsmos_scores_nan_and_is_left_out_of_the_voice_tables():

@@ -175,6 +175,9 @@ def main(argv=None):
     ap.add_argument("--dnsmos", type=int, default=100, help="how many sentences DNSMOS scores (slow on CPU)")
     ap.add_argument("--temperature", type=float, default=None, help="sampling temperature (default: ChatTTS's)")
     ap.add_argument("--top-p", type=float, default=None, help="top-p (default: ChatTTS's)")
+    ap.add_argument("--speaker", default=None,
+                    help="one voice speaks every sentence ('default': the model's default voice, as `ttsq synth` "
+                         "without --speaker); its MCD is then against another speaker's reference where they differ")
     ap.add_argument("--vocoder-only", action="store_true",
                     help="only the copy-synthesis figures (the vocoder on the references' log-mels): no GPT")
     ap.add_argument("--paired", type=Path, nargs=2, metavar=("BASE", "NEW"), default=None,
@@ -223,8 +226,10 @@ def main(argv=None):
     params = SamplingParams(max_new_tokens=a.max_new_tokens, **chosen)
     t0 = time.time()
     out: dict[str, object] = {}
-    for spk in sorted({it["speaker"] for it in items}):
-        group = [it for it in items if it["speaker"] == spk]
+    forced = model.default_voice if a.speaker == "default" else a.speaker
+    voice = {it["id"]: forced or it["speaker"] for it in items}
+    for spk in sorted(set(voice.values())):
+        group = [it for it in items if voice[it["id"]] == spk]
         for it, u in zip(group, syn.synthesize([it["text"] for it in group], speaker=spk, seed=a.seed,
                                                params=params, batch_size=16)):
             out[it["id"]] = u
@@ -246,18 +251,18 @@ def main(argv=None):
         "duration_within_25pct": float(np.mean((ratios_a > 0.75) & (ratios_a < 1.25))),
         "eos_reached": float(np.mean(eos)),
         "dnsmos_ovrl_synth": bootstrap_ci(scored(dn_syn)),
-        "speaker_distance_synth": speaker_distances(items, wavs),
+        "speaker_distance_synth": None if forced else speaker_distances(items, wavs),
         "speaker_distance_reference": speaker_distances(items, refs),
         "per_language": {},
         **dnsmos_tables(items, reference=sc_ref, vocoded_reference=sc_voc, synth=sc_syn),
         "settings": {"seed": a.seed, "max_new_tokens": a.max_new_tokens,
                      "sampling": {"ChatTTS defaults, except": chosen} if chosen else "ChatTTS defaults",
-                     "speaker": "the held-out sentence's speaker, by voice name"},
+                     "speaker": forced or "the held-out sentence's speaker, by voice name"},
     })
     # per sentence, so that two models measured on the same sentences compare pairwise (--paired); None where a
     # figure failed (JSON has no NaN)
     finite = lambda x: float(x) if x is not None and np.isfinite(x) else None  # noqa: E731
-    res["per_sentence"] = [{"id": it["id"], "text": it["text"], "lang": it["lang"], "speaker": it["speaker"],
+    res["per_sentence"] = [{"id": it["id"], "text": it["text"], "lang": it["lang"], "speaker": voice[it["id"]],
                             "mcd_db": finite(mcds[i]),
                             "dnsmos_ovrl": finite(dn_syn[i]) if i < k else None, "duration_ratio": ratios[i],
                             "eos": eos[i]} for i, it in enumerate(items)]
