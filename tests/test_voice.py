@@ -351,6 +351,26 @@ def test_export_takes_a_decoder_trained_apart_and_stores_fp16(tmp_path):
 
 
 @needs_espeak
+def test_a_fresh_held_out_set_leaves_out_every_text_a_corpus_was_trained_on(tmp_path):
+    """corpus --train 0 --seed S --unseen-by CORPUS: an evaluation-only corpus (references, no training pack rows)
+    whose held-out texts are none of CORPUS's, though seed S alone would draw some of them."""
+    import json
+
+    from toolkit.voice.corpus import build, make_texts
+
+    plain = [o["text"] for o in make_texts(0, 4, seed=1)]
+    (tmp_path / "trained").mkdir()  # a corpus that trained on two of the texts seed 1 holds out
+    (tmp_path / "trained" / "meta.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in plain[1:3]))
+    info = build(tmp_path / "fresh", n_train=0, n_heldout=4, seed=1, workers=1, vocoder_seconds=0,
+                 unseen_by=(tmp_path / "trained",))
+    items = [json.loads(line) for line in open(tmp_path / "fresh" / "meta.jsonl", encoding="utf-8")]
+    texts = [it["text"] for it in items]
+    assert info["heldout"] == 4 and info["utterances"] == 0 and {it["split"] for it in items} == {"heldout"}
+    assert texts[0] == plain[0] and not set(texts) & set(plain[1:3]) and len(set(texts)) == 4
+    assert all((tmp_path / "fresh" / "heldout" / f"{it['id']}.wav").stat().st_size > 1000 for it in items)
+
+
+@needs_espeak
 @pytest.mark.skipif(not (SHIPPED / "manifest.json").is_file(), reason="no shipped voice")
 def test_measure_scores_held_out_sentences_and_the_vocoders_ceiling(tmp_path):
     """toolkit.voice.measure on two held-out sentences of a fresh corpus: every figure is there and in range, and the

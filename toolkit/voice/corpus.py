@@ -1,6 +1,7 @@
 """Build the espeak-ng training corpus for ttsq's shipped voice.
 
     python -m toolkit.voice.corpus --out DIR [--train 3000] [--heldout 100] [--seed 0] [--workers 2]
+    python -m toolkit.voice.corpus --out DIR --train 0 --seed 1 --unseen-by CORPUS   # a fresh held-out set
 
 Texts are generated from templates (English and Mandarin in Han characters; short to long sentences,
 numbers, dates, times, prices, percentages, questions, exclamations). Each utterance is spoken by one of
@@ -214,8 +215,9 @@ def zh_sentence(r: random.Random) -> str:
     return s + "。"
 
 
-def make_texts(n_train: int, n_heldout: int, seed: int) -> list[dict]:
-    """Unique texts, alternating English and Mandarin; the held-out ones are drawn first."""
+def make_texts(n_train: int, n_heldout: int, seed: int, unseen: frozenset[str] = frozenset()) -> list[dict]:
+    """Unique texts, alternating English and Mandarin; the held-out ones are drawn first, none of them in `unseen`
+    (the texts a model was trained on, for a fresh held-out set under another seed)."""
     r = random.Random(seed)
     seen: set[str] = set()
     out = []
@@ -225,8 +227,8 @@ def make_texts(n_train: int, n_heldout: int, seed: int) -> list[dict]:
         text = en_sentence(r) if lang == "en" else zh_sentence(r)
         if text in seen and (len(out) < n_heldout or r.random() < 0.97):
             continue  # held-out texts are unique; the training set may repeat a few short phrases
-        if len(out) < n_heldout and len(text) < (12 if lang == "en" else 5):
-            continue  # held-out: real sentences
+        if len(out) < n_heldout and (len(text) < (12 if lang == "en" else 5) or text in unseen):
+            continue  # held-out: real sentences, never trained on
         seen.add(text)
         out.append({"lang": lang, "text": text, "split": "heldout" if len(out) < n_heldout else "train"})
     held = {o["text"] for o in out[:n_heldout]}
@@ -321,7 +323,8 @@ def code_encoder(encoder: Path, vocab: int):
 
 
 def build(out: Path, n_train: int, n_heldout: int, seed: int, workers: int, vocoder_seconds: float,
-          codes_from: Path | None = None, encoder: Path | None = None, keep_mels: bool = False) -> dict:
+          codes_from: Path | None = None, encoder: Path | None = None, keep_mels: bool = False,
+          unseen_by: tuple[Path, ...] = ()) -> dict:
     import soundfile as sf
     import torch
 
@@ -334,7 +337,8 @@ def build(out: Path, n_train: int, n_heldout: int, seed: int, workers: int, voco
     out.mkdir(parents=True, exist_ok=True)
     (out / "heldout").mkdir(exist_ok=True)
     (out / "pack").mkdir(exist_ok=True)
-    items = make_texts(n_train, n_heldout, seed)
+    unseen = frozenset(json.loads(line)["text"] for c in unseen_by for line in open(c / "meta.jsonl", encoding="utf-8"))
+    items = make_texts(n_train, n_heldout, seed, unseen)
     fe = EspeakFrontend()
     for it in items:
         it["phonemes"] = fe(it["text"])
@@ -410,9 +414,9 @@ def build(out: Path, n_train: int, n_heldout: int, seed: int, workers: int, voco
                 wav_utt.append(len(frames) - 1)
                 wav_parts.append(np.clip(np.round(w * 32767), -32768, 32767).astype(np.int16))
 
-    def cat(parts, dtype):
+    def cat(parts, dtype):  # an evaluation-only corpus (--train 0) has no parts
         off = np.cumsum([0] + [len(p) for p in parts]).astype(np.int64)
-        return np.concatenate(parts).astype(dtype), off
+        return (np.concatenate(parts) if parts else np.zeros(0)).astype(dtype), off
 
     mel_off = np.cumsum([0] + frames).astype(np.int64)  # frame offsets, also in a codes pack (no mel rows there)
     mel_all = np.concatenate(mels) if mels else np.zeros((0, VocosConfig().n_mels), np.uint8)
@@ -420,7 +424,7 @@ def build(out: Path, n_train: int, n_heldout: int, seed: int, workers: int, voco
     if codes:
         extra["codes"], extra["codes_off"] = cat(codes, np.int16)
     ids_all, ids_off = cat(ids, np.int16)
-    wav_all, wav_off = cat(wav_parts or [np.zeros(0, np.int16)], np.int16)
+    wav_all, wav_off = cat(wav_parts, np.int16)
     save_pack(out / "pack", mel=mel_all, mel_off=mel_off, ids=ids_all, ids_off=ids_off,
               spk=np.array(spk, np.int16), lang=np.array(lang, np.int8), wav=wav_all, wav_off=wav_off,
               wav_utt=np.array(wav_utt, np.int32), **extra)
@@ -451,10 +455,14 @@ def main(argv=None):
                     help="with --codes-from: the DVAE encoder the voice was trained with")
     ap.add_argument("--keep-mels", action="store_true",
                     help="with --codes-from: store the mels too, as real Decoder targets (train.py --freeze-gpt)")
+    ap.add_argument("--unseen-by", type=Path, action="append", default=[], metavar="CORPUS",
+                    help="held-out sentences none of whose texts are in CORPUS (repeatable): with another --seed, a "
+                         "fresh held-out set for a model trained on CORPUS")
     a = ap.parse_args(argv)
     if a.vocoder_seconds is None:
         a.vocoder_seconds = 0.0 if a.codes_from else 200.0
-    build(a.out, a.train, a.heldout, a.seed, a.workers, a.vocoder_seconds, a.codes_from, a.encoder, a.keep_mels)
+    build(a.out, a.train, a.heldout, a.seed, a.workers, a.vocoder_seconds, a.codes_from, a.encoder, a.keep_mels,
+          tuple(a.unseen_by))
 
 
 if __name__ == "__main__":
