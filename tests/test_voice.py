@@ -351,12 +351,12 @@ def test_export_takes_a_decoder_trained_apart_and_stores_fp16(tmp_path):
 
 
 @needs_espeak
-def test_a_fresh_held_out_set_leaves_out_every_text_a_corpus_was_trained_on(tmp_path):
+def test_a_fresh_held_out_set_leaves_out_every_text_a_corpus_was_trained_on(tmp_path, capsys):
     """corpus --train 0 --seed S --unseen-by CORPUS: an evaluation-only corpus (references, no training pack rows)
     whose held-out texts are none of CORPUS's, though seed S alone would draw some of them."""
     import json
 
-    from toolkit.voice.corpus import build, make_texts
+    from toolkit.voice.corpus import build, main, make_texts
 
     plain = [o["text"] for o in make_texts(0, 4, seed=1)]
     (tmp_path / "trained").mkdir()  # a corpus that trained on two of the texts seed 1 holds out
@@ -368,11 +368,14 @@ def test_a_fresh_held_out_set_leaves_out_every_text_a_corpus_was_trained_on(tmp_
     assert info["heldout"] == 4 and info["utterances"] == 0 and {it["split"] for it in items} == {"heldout"}
     assert texts[0] == plain[0] and not set(texts) & set(plain[1:3]) and len(set(texts)) == 4
     assert all((tmp_path / "fresh" / "heldout" / f"{it['id']}.wav").stat().st_size > 1000 for it in items)
+    with pytest.raises(SystemExit):  # a folder that is no corpus: named, before any espeak work or output folder
+        main(["--out", str(tmp_path / "other"), "--train", "0", "--unseen-by", str(tmp_path / "fresh" / "heldout")])
+    assert "no meta.jsonl there" in capsys.readouterr().err and not (tmp_path / "other").exists()
 
 
 @needs_espeak
 @pytest.mark.skipif(not (SHIPPED / "manifest.json").is_file(), reason="no shipped voice")
-def test_measure_scores_held_out_sentences_and_the_vocoders_ceiling(tmp_path):
+def test_measure_scores_held_out_sentences_and_the_vocoders_ceiling(tmp_path, capsys):
     """toolkit.voice.measure on two held-out sentences of a fresh corpus: every figure is there and in range, and the
     vocoder resynthesising a reference from its own log-mel is closer to it than the whole model's synthesis is."""
     import json
@@ -380,7 +383,7 @@ def test_measure_scores_held_out_sentences_and_the_vocoders_ceiling(tmp_path):
     from toolkit.voice.corpus import build
     from toolkit.voice.measure import main
 
-    build(tmp_path / "corpus", n_train=2, n_heldout=2, seed=0, workers=1, vocoder_seconds=0)
+    build(tmp_path / "corpus", n_train=2, n_heldout=3, seed=0, workers=1, vocoder_seconds=0)
     res = main(["--corpus", str(tmp_path / "corpus"), "--n", "2", "--max-new-tokens", "300", "--dnsmos", "2",
                 "--json", str(tmp_path / "m.json")])
     assert res["sentences"] == 2 and (tmp_path / "m.json").is_file()
@@ -408,11 +411,15 @@ def test_measure_scores_held_out_sentences_and_the_vocoders_ceiling(tmp_path):
         assert {v: {k: x for k, x in row.items() if k != "synth"} for v, row in res[f"dnsmos_{part}_by_voice"].items()
                 } == alone[f"dnsmos_{part}_by_voice"], part
     default = json.loads((SHIPPED / "manifest.json").read_text())["default_voice"]
-    assert {r["speaker"] for r in rows} != {default}  # else the next run would prove nothing
-    one = main(["--corpus", str(tmp_path / "corpus"), "--n", "2", "--max-new-tokens", "300", "--dnsmos", "2",
+    own = [json.loads(line)["speaker"] for line in open(tmp_path / "corpus" / "meta.jsonl", encoding="utf-8")][:3]
+    assert set(own) != {default}, own  # else the next run would prove nothing
+    one = main(["--corpus", str(tmp_path / "corpus"), "--n", "3", "--max-new-tokens", "300", "--dnsmos", "3",
                 "--speaker", "default"])  # as `ttsq synth` without --speaker speaks
-    assert [r["speaker"] for r in one["per_sentence"]] == [default, default] and one["settings"]["speaker"] == default
-    assert one["speaker_distance_synth"] is None and one["dnsmos_ovrl_reference"] == res["dnsmos_ovrl_reference"]
+    assert [r["speaker"] for r in one["per_sentence"]] == [default] * 3 and one["settings"]["speaker"] == default
+    assert one["speaker_distance_synth"] is None and 1.0 <= one["dnsmos_ovrl_synth"][0] <= 5.0
+    with pytest.raises(SystemExit):  # an unknown voice fails at once, naming the voices there are
+        main(["--corpus", str(tmp_path / "corpus"), "--n", "2", "--speaker", "nobody"])
+    assert "unknown speaker 'nobody'" in capsys.readouterr().err
 
 
 def test_a_clip_too_short_for_dnsmos_scores_nan_and_is_left_out_of_the_voice_tables():

@@ -459,6 +459,9 @@ def main(argv=None):
                     help="held-out sentences none of whose texts are in CORPUS (repeatable): with another --seed, a "
                          "fresh held-out set for a model trained on CORPUS")
     a = ap.parse_args(argv)
+    for c in a.unseen_by:
+        if not (c / "meta.jsonl").is_file():
+            ap.error(f"--unseen-by {c}: no meta.jsonl there; give a corpus folder that toolkit.voice.corpus built")
     if a.vocoder_seconds is None:
         a.vocoder_seconds = 0.0 if a.codes_from else 200.0
     build(a.out, a.train, a.heldout, a.seed, a.workers, a.vocoder_seconds, a.codes_from, a.encoder, a.keep_mels,

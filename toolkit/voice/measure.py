@@ -196,12 +196,19 @@ def main(argv=None):
     import torch
 
     from ..models.vocos import LogMel
+    from ..prompt import resolve_speaker
     from ..sampling import SamplingParams
     from ..synthesizer import Synthesizer
 
     items = [json.loads(line) for line in open(a.corpus / "meta.jsonl", encoding="utf-8")]
     items = [it for it in items if it["split"] == "heldout"][: a.n]
     syn = Synthesizer(a.model, device=a.device)
+    forced = syn.model.default_voice if a.speaker == "default" else a.speaker
+    if forced is not None:
+        try:  # before the minutes spent on the references
+            resolve_speaker(syn.model, forced)
+        except ValueError as e:
+            ap.error(f"--speaker: {e}")
     refs = [sf.read(a.corpus / "heldout" / f"{it['id']}.wav", dtype="float32")[0] for it in items]
     k = min(a.dnsmos, len(items))
     # the vocoder's own ceiling: each reference resynthesised from its log-mel (copy synthesis); its MCD covers the
@@ -226,7 +233,6 @@ def main(argv=None):
     params = SamplingParams(max_new_tokens=a.max_new_tokens, **chosen)
     t0 = time.time()
     out: dict[str, object] = {}
-    forced = model.default_voice if a.speaker == "default" else a.speaker
     voice = {it["id"]: forced or it["speaker"] for it in items}
     for spk in sorted(set(voice.values())):
         group = [it for it in items if voice[it["id"]] == spk]
