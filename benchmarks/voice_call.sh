@@ -3,7 +3,8 @@
 # the shipped voice is written to when RESUME is unset), out_default and margin (seconds kept for after training).
 # Reads UTTERANCES DEADLINE_SECONDS from the caller's arguments and shifts them off; then it installs what the call
 # carried, builds the corpus unless an earlier call on the same warm machine built it with the same options for the
-# same shipped voice, and sets: t0, out ($OUT), resume (RESUME, or $fresh), minutes (what DEADLINE leaves to train).
+# same shipped voice, and sets: t0, out ($OUT), resume (RESUME, or $fresh), minutes (what DEADLINE leaves to train),
+# and the function whole_run.
 utterances=${1:?number of training utterances}
 deadline=${2:?seconds the whole script may take}
 shift 2
@@ -25,3 +26,15 @@ resume=${RESUME:-$fresh}
 minutes=$(python3 -c "print(round(($deadline - ($(date +%s) - $t0) - $margin) / 60, 2))")
 echo "corpus and checkpoints: $(( $(date +%s) - t0 )) s; training for $minutes minutes"
 unset _built
+
+# whole_run RUN STAGE...: copy into RUN the resumed run's checkpoints of the STAGEs it lacks (stages not trained in
+# this call), so that RUN is a whole run folder for a later RESUME=RUN or --export
+whole_run() {
+  local run=$1 stage f
+  shift
+  for stage in "$@"; do
+    for f in "$resume/$stage".*; do
+      [ ! -e "$f" ] || [ -e "$run/${f##*/}" ] || cp "$f" "$run/"
+    done
+  done
+}

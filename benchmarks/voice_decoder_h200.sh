@@ -21,8 +21,5 @@ tail -3 "$out/train_log.jsonl"
 python3 -c "import sys; from toolkit.voice.train import save_part_fp16; save_part_fp16(*sys.argv[1:])" \
   runs/dec gpt decoder. "$out/decoder.safetensors"
 [ ! -e runs/dec/decoder_disc.json ] || cp runs/dec/decoder_disc.* "$out/"
-# runs/dec as a whole run folder (the frozen DVAE, and the vocoder where RESUME has one), for RESUME=runs/dec or --export
-for f in "$resume"/dvae.* "$resume"/vocos.*; do
-  [ ! -e "$f" ] || [ -e "runs/dec/${f##*/}" ] || cp "$f" runs/dec/
-done
+whole_run runs/dec dvae vocos  # the frozen DVAE, and the vocoder where RESUME has one
 echo "total: $(( $(date +%s) - t0 )) s"

@@ -22,9 +22,7 @@ rm -rf runs/voc.next
 python3 -m toolkit.voice.train --data "$corpus/pack" --resume "$resume" --stages vocos --out runs/voc.next \
   --vocos-minutes "$minutes" --device "${DEVICE:-cuda}" "$@" > "$out/train_log.jsonl"
 tail -3 "$out/train_log.jsonl"
-for f in "$resume"/*; do  # the stages not trained here, so that RESUME=runs/voc finds a whole run
-  [ -e "runs/voc.next/${f##*/}" ] || cp -L "$f" runs/voc.next/
-done
+whole_run runs/voc.next gpt dvae  # so that RESUME=runs/voc finds the GPT and DVAE too
 rm -rf runs/voc && mv runs/voc.next runs/voc  # RESUME=runs/voc reads the previous run while this one writes
 cp runs/voc/vocos.0.pt runs/voc/vocos.json "$out/"
 echo "total: $(( $(date +%s) - t0 )) s"
