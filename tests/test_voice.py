@@ -414,8 +414,9 @@ def test_measure_scores_held_out_sentences_and_the_vocoders_ceiling(tmp_path, ca
     own = [json.loads(line)["speaker"] for line in open(tmp_path / "corpus" / "meta.jsonl", encoding="utf-8")][:3]
     assert set(own) != {default}, own  # else the next run would prove nothing
     one = main(["--corpus", str(tmp_path / "corpus"), "--n", "3", "--max-new-tokens", "300", "--dnsmos", "3",
-                "--speaker", "default"])  # as `ttsq synth` without --speaker speaks
+                "--speaker", "default", "--repetition-penalty", "1.0"])  # as `ttsq synth` without --speaker speaks
     assert [r["speaker"] for r in one["per_sentence"]] == [default] * 3 and one["settings"]["speaker"] == default
+    assert one["settings"]["sampling"] == {"ChatTTS defaults, except": {"repetition_penalty": 1.0}}
     assert one["speaker_distance_synth"] is None and 1.0 <= one["dnsmos_ovrl_synth"][0] <= 5.0
     with pytest.raises(SystemExit):  # an unknown voice fails at once, naming the voices there are
         main(["--corpus", str(tmp_path / "corpus"), "--n", "2", "--speaker", "nobody"])

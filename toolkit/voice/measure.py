@@ -175,6 +175,7 @@ def main(argv=None):
     ap.add_argument("--dnsmos", type=int, default=100, help="how many sentences DNSMOS scores (slow on CPU)")
     ap.add_argument("--temperature", type=float, default=None, help="sampling temperature (default: ChatTTS's)")
     ap.add_argument("--top-p", type=float, default=None, help="top-p (default: ChatTTS's)")
+    ap.add_argument("--repetition-penalty", type=float, default=None, help="(default: ChatTTS's)")
     ap.add_argument("--speaker", default=None,
                     help="one voice speaks every sentence ('default': the model's default voice, as `ttsq synth` "
                          "without --speaker); its MCD is then against another speaker's reference where they differ")
@@ -229,7 +230,8 @@ def main(argv=None):
     if a.vocoder_only:
         res.update(dnsmos_tables(items, reference=sc_ref, vocoded_reference=sc_voc))
         return report(res, a)
-    chosen = {k: v for k, v in (("temperature", a.temperature), ("top_p", a.top_p)) if v is not None}
+    chosen = {k: v for k, v in (("temperature", a.temperature), ("top_p", a.top_p),
+                                ("repetition_penalty", a.repetition_penalty)) if v is not None}
     params = SamplingParams(max_new_tokens=a.max_new_tokens, **chosen)
     t0 = time.time()
     out: dict[str, object] = {}
