@@ -3,9 +3,11 @@
 # on a corpus's held-out sentences, then DNSMOS overall and the duration against each sentence's espeak reference.
 #   bash benchmarks/voice_synth_check.sh CORPUS N OUT_DIR
 # e.g. CORPUS from `python -m toolkit.voice.corpus --out runs/corpus_fresh3 --train 0 --heldout 20 --seed 3
-# --unseen-by runs/corpus_40k`. Prints one JSON line per sentence, then the means; writes OUT_DIR/rows.json.
+# --unseen-by runs/corpus_40k`. Prints one JSON line per sentence, then the means; writes the WAVs and rows.json into
+# OUT_DIR, which must be new or empty. Run from the repository root in its environment (source .venv/bin/activate).
 set -euo pipefail
 corpus=${1:?corpus folder} n=${2:?how many held-out sentences} out=${3:?output folder}
+if [ -n "$(ls -A "$out" 2>/dev/null)" ]; then echo "$out is not empty: give a new folder" >&2; exit 2; fi
 mkdir -p "$out"
 python - "$corpus" "$n" "$out" <<'PY'
 import json, subprocess, sys
@@ -22,7 +24,7 @@ items = [it for it in items if it["split"] == "heldout"][:n]
 rows = []
 for it in items:
     wav_path = out / f"{it['id']}.wav"
-    subprocess.run(["ttsq", "synth", it["text"], "-o", str(wav_path), "--force"], check=True, capture_output=True)
+    subprocess.run(["ttsq", "synth", it["text"], "-o", str(wav_path)], check=True, capture_output=True)
     wav, sr = sf.read(wav_path, dtype="float32")
     ref, ref_sr = sf.read(corpus / "heldout" / f"{it['id']}.wav", dtype="float32")
     rows.append({"id": it["id"], "lang": it["lang"], "text": it["text"], "dnsmos": dnsmos_scores(wav, sr)["ovrl"],
