@@ -16,25 +16,21 @@ from pathlib import Path
 import numpy as np
 import soundfile as sf
 
-from toolkit.voice.measure import dnsmos_scores
+from toolkit.voice.measure import dnsmos_scores, heldout, share_within_25pct
 
 corpus, n, out = Path(sys.argv[1]), int(sys.argv[2]), Path(sys.argv[3])
-items = [json.loads(line) for line in open(corpus / "meta.jsonl", encoding="utf-8")]
-items = [it for it in items if it["split"] == "heldout"][:n]
 rows = []
-for it in items:
+for it, ref in zip(*heldout(corpus, n)):  # references at 24 kHz
     wav_path = out / f"{it['id']}.wav"
     subprocess.run(["ttsq", "synth", it["text"], "-o", str(wav_path)], check=True, capture_output=True)
     wav, sr = sf.read(wav_path, dtype="float32")
-    ref, ref_sr = sf.read(corpus / "heldout" / f"{it['id']}.wav", dtype="float32")
     rows.append({"id": it["id"], "lang": it["lang"], "text": it["text"], "dnsmos": dnsmos_scores(wav, sr)["ovrl"],
-                 "reference_dnsmos": dnsmos_scores(ref, ref_sr)["ovrl"],
-                 "duration_ratio": (len(wav) / sr) / (len(ref) / ref_sr)})
+                 "reference_dnsmos": dnsmos_scores(ref)["ovrl"],
+                 "duration_ratio": (len(wav) / sr) / (len(ref) / 24000)})
     print(json.dumps(rows[-1], ensure_ascii=False), flush=True)
 (out / "rows.json").write_text(json.dumps(rows, ensure_ascii=False, indent=1) + "\n")
 score = {lang: float(np.mean([r["dnsmos"] for r in rows if r["lang"] == lang])) for lang in ("en", "zh")}
-ratio = np.array([r["duration_ratio"] for r in rows])
 print(json.dumps({"sentences": len(rows), "dnsmos": float(np.mean([r["dnsmos"] for r in rows])), **score,
                   "reference_dnsmos": float(np.mean([r["reference_dnsmos"] for r in rows])),
-                  "duration_within_25pct": float(np.mean((ratio > 0.75) & (ratio < 1.25)))}))
+                  "duration_within_25pct": share_within_25pct([r["duration_ratio"] for r in rows])}))
 PY

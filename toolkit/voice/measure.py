@@ -25,6 +25,21 @@ import numpy as np
 MCD_SETTINGS = "ESPnet: pysptk mcep order 34, alpha 0.46, 24 kHz, 1024 fft, 5 ms hop, DTW, c0 excluded"
 
 
+def heldout(corpus: Path, n: int) -> tuple[list[dict], list[np.ndarray]]:
+    """A corpus's first n held-out sentences (its meta.jsonl rows) and their espeak references (24 kHz float32)."""
+    import soundfile as sf
+
+    items = [json.loads(line) for line in open(corpus / "meta.jsonl", encoding="utf-8")]
+    items = [it for it in items if it["split"] == "heldout"][:n]
+    return items, [sf.read(corpus / "heldout" / f"{it['id']}.wav", dtype="float32")[0] for it in items]
+
+
+def share_within_25pct(ratios) -> float:
+    """The share of duration ratios (synthesized / reference) within +-25%: the voice's duration goal."""
+    r = np.asarray(ratios, dtype=np.float64)
+    return float(np.mean((r > 0.75) & (r < 1.25)))
+
+
 def copy_synthesis(model, to_mel, wav: np.ndarray) -> np.ndarray:
     """The model's vocoder on the audio's own log-mel: its ceiling on this audio."""
     import torch
@@ -190,8 +205,6 @@ def main(argv=None):
     if a.corpus is None:
         ap.error("--corpus is required (except with --paired)")
 
-    import soundfile as sf
-
     from evaluation.metrics import bootstrap_ci, mcd
 
     import torch
@@ -201,8 +214,7 @@ def main(argv=None):
     from ..sampling import SamplingParams
     from ..synthesizer import Synthesizer
 
-    items = [json.loads(line) for line in open(a.corpus / "meta.jsonl", encoding="utf-8")]
-    items = [it for it in items if it["split"] == "heldout"][: a.n]
+    items, refs = heldout(a.corpus, a.n)
     syn = Synthesizer(a.model, device=a.device)
     forced = syn.model.default_voice if a.speaker == "default" else a.speaker
     if forced is not None:
@@ -210,7 +222,6 @@ def main(argv=None):
             resolve_speaker(syn.model, forced)
         except ValueError as e:
             ap.error(f"--speaker: {e}")
-    refs = [sf.read(a.corpus / "heldout" / f"{it['id']}.wav", dtype="float32")[0] for it in items]
     k = min(a.dnsmos, len(items))
     # the vocoder's own ceiling: each reference resynthesised from its log-mel (copy synthesis); its MCD covers the
     # same sentences as mcd_db, its DNSMOS the same as the other DNSMOS figures
@@ -251,12 +262,11 @@ def main(argv=None):
     mcd_ok = scored(mcds)
     sc_syn = [dnsmos_scores(w) for w in wavs[:k]]
     dn_syn = [s["ovrl"] for s in sc_syn]
-    ratios_a = np.array(ratios)
     res.update({
         "synthesis_seconds_cpu": round(synth_s, 1),
         "mcd_db": bootstrap_ci(mcd_ok) if mcd_ok else None, "mcd_failed": len(mcds) - len(mcd_ok),
-        "duration_ratio_median": float(np.median(ratios_a)),
-        "duration_within_25pct": float(np.mean((ratios_a > 0.75) & (ratios_a < 1.25))),
+        "duration_ratio_median": float(np.median(ratios)),
+        "duration_within_25pct": share_within_25pct(ratios),
         "eos_reached": float(np.mean(eos)),
         "dnsmos_ovrl_synth": bootstrap_ci(scored(dn_syn)),
         "speaker_distance_synth": None if forced else speaker_distances(items, wavs),
@@ -278,7 +288,7 @@ def main(argv=None):
         sel = [i for i, it in enumerate(items) if it["lang"] == lang]
         m = [mcds[i] for i in sel if np.isfinite(mcds[i])]
         res["per_language"][lang] = {"n": len(sel), "mcd_db": float(np.mean(m)) if m else None,
-                                     "duration_within_25pct": float(np.mean([(0.75 < ratios[i] < 1.25) for i in sel])),
+                                     "duration_within_25pct": share_within_25pct([ratios[i] for i in sel]),
                                      "eos_reached": float(np.mean([eos[i] for i in sel]))}
     report(res, a)
     if a.pictures:
