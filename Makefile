@@ -11,7 +11,7 @@ DEB_PACKAGES := espeak-ng
 DEB_PACKAGES += libegl1 libfontconfig1 libdbus-1-3 libxkbcommon0 libxkbcommon-x11-0 libxcb-cursor0 libxcb-icccm4 \
   libxcb-image0 libxcb-keysyms1 libxcb-randr0 libxcb-render-util0 libxcb-shape0 libpulse0 libportaudio2 \
   pulseaudio xvfb
-EXTRAS ?= eval,edge,dev,gui
+EXTRAS ?= eval,asr,edge,dev,gui
 OUT ?= out/demo
 
 .PHONY: setup demo test clean

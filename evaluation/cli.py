@@ -7,6 +7,13 @@ from pathlib import Path
 DEFAULT_SET = str(Path(__file__).resolve().parents[1] / "calibration_sets" / "smoke.jsonl")
 
 
+def add_asr_options(s) -> None:
+    s.add_argument("--asr-model", default=None,
+                   help="a CTranslate2 Whisper folder for WER/CER (e.g. large-v3); default: the pinned Whisper base "
+                        "of the asr extra, offline")
+    s.add_argument("--no-asr", action="store_true", help="skip intelligibility (WER/CER)")
+
+
 def add_evaluate_parser(sub, model_args) -> None:
     s = sub.add_parser("evaluate", help="compare precisions against FP32: quality, latency, memory, size")
     model_args(s)
@@ -21,6 +28,7 @@ def add_evaluate_parser(sub, model_args) -> None:
     s.add_argument("--repeats", type=int, default=3, help="timing repeats (medians are reported)")
     s.add_argument("--batch-size", type=int, default=8, help="sentences synthesized together (a unit of work)")
     s.add_argument("--no-dnsmos", action="store_true", help="skip DNSMOS (saves ~15 s of start-up)")
+    add_asr_options(s)
     s.add_argument("--workers", type=int, default=None,
                    help="processes for scoring's mel-cepstra and DNSMOS (default: the usable CPU cores, shared by "
                         "the ranks)")
@@ -32,7 +40,7 @@ def add_evaluate_parser(sub, model_args) -> None:
 
 
 def run_from_args(a) -> int:
-    from toolkit.cli import _progress_bar
+    from toolkit.progress import progress_bar
     from .distributed import Dist, init_distributed
     from .report import markdown_table, write_report
     from .runner import EvalConfig, run_evaluation
@@ -46,8 +54,8 @@ def run_from_args(a) -> int:
                          text_set=a.set, out=a.out, device=dist.device,
                          seeds=tuple(int(s) for s in a.seeds.split(",")), limit=a.limit, max_steps=a.max_steps,
                          batch_size=a.batch_size, repeats=a.repeats, dnsmos=not a.no_dnsmos,
-                         workers=a.workers)
-        report, utts = run_evaluation(cfg, _progress_bar("evaluate"), dist)
+                         asr=not a.no_asr, asr_model=a.asr_model, workers=a.workers)
+        report, utts = run_evaluation(cfg, progress_bar("evaluate"), dist)
     finally:
         dist.close()
     if not dist.is_main:

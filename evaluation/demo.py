@@ -34,7 +34,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.getLogger("torch.utils._pytree").setLevel(logging.ERROR)
     warnings.filterwarnings("ignore", message=".*max_new_tokens.*")
 
-    from toolkit.cli import _progress_bar
+    from toolkit.progress import progress_bar
     from toolkit.quantize_job import quantize_to_artifact
 
     from .report import markdown_table, write_report
@@ -54,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
     for name, recipe, opts in jobs:
         calib = a.calib if opts.get("awq", True) else None
         path, report = quantize_to_artifact(a.model, recipe, out / name, calib_set=calib, device=a.device,
-                                            limit=a.calib_limit, max_steps=48, progress=_progress_bar(name),
+                                            limit=a.calib_limit, max_steps=48, progress=progress_bar(name),
                                             **opts)
         rows.append((name, report))
     # the plain int4 artifact is scored on the same calibration texts, for the contrast with calibrated int4
@@ -76,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
     cfg = EvalConfig(model=a.model, precisions=["bf16", *(str(out / n) for n, _, _ in jobs[:2])], text_set=a.set,
                      out=str(out / "report"), device=a.device, repeats=a.repeats, throughput_batches=(),
                      max_steps=a.max_steps)
-    report, utts = run_evaluation(cfg, _progress_bar("evaluate"))
+    report, utts = run_evaluation(cfg, progress_bar("evaluate"))
     write_report(report, utts, out / "report")
     print()
     print(markdown_table(report))

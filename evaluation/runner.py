@@ -3,7 +3,8 @@
 Stages (each compared with FP32 on identical inputs where it can be):
   decoder+vocoder  FP32 GPT states -> each precision's Decoder and Vocos; sample-aligned MCD, PESQ, STOI, log-mel
   gpt              each precision teacher-forced on FP32's codes; top-1 agreement and KL(FP32 || precision)
-  end to end       fixed seeds; DTW-MCD against FP32 at the same seed, duration ratio, DNSMOS
+  end to end       fixed seeds; intelligibility (an offline ASR's WER/CER against the input text, every seed),
+                   DTW-MCD against FP32 at the same seed, duration ratio, DNSMOS
   noise floor      FP32 against FP32 at another seed: what sampling alone changes
 
 Texts are synthesized in fixed work units (batches); under torchrun (`--distributed`) the ranks share the units out,
@@ -16,7 +17,7 @@ import os
 import statistics
 import time
 import zlib
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
@@ -29,7 +30,7 @@ from toolkit.precision import split_precision, state_bytes
 from toolkit.text import expected_seconds
 from toolkit.textsets import TextRecord, load_text_set, set_hash
 
-from . import metrics
+from . import asr, metrics, textnorm
 from .distributed import Dist, shard
 from .pool import cepstrum_or_error, dnsmos_overall, map_in_processes
 
@@ -51,6 +52,8 @@ class EvalConfig:
     repeats: int = 3  # timing repeats; medians are reported
     throughput_batches: tuple[int, ...] = (1, 8)
     dnsmos: bool = True
+    asr: bool = True  # WER/CER by an offline ASR; skipped with a warning when the asr extra is missing
+    asr_model: str | None = None  # a CTranslate2 Whisper folder; None: the pinned Whisper base
     workers: int | None = None  # processes for scoring's mel-cepstra and DNSMOS; None: the usable cores / ranks
 
 
@@ -270,9 +273,44 @@ def stage_gpt(ref: PrecisionRun, run: PrecisionRun, utts: dict[str, Utterance], 
     return rows
 
 
-def end_to_end(ref: PrecisionRun, run: PrecisionRun, seeds, cep: Cepstra, mos: dict[str, float | None] | None) -> dict:
-    """mos: {record id: DNSMOS OVRL of this precision's first-seed audio} (None: not scored)
-    -> {record id: the per_sentence row}"""
+def load_transcriber(cfg: EvalConfig) -> asr.Transcriber | None:
+    """The ASR, or None (with a warning naming the extra) when it is not installed and no model was asked for."""
+    if not cfg.asr:
+        return None
+    try:
+        return asr.Transcriber(cfg.asr_model)
+    except asr.ASRUnavailable as e:
+        if cfg.asr_model:
+            raise
+        import warnings
+        warnings.warn(f"intelligibility not scored: {e}")
+        return None
+
+
+def transcribe(transcriber: asr.Transcriber, runs: list[PrecisionRun], records: dict[str, TextRecord],
+               progress: Callable[[int, int], None] | None = None) -> dict[str, dict[str, list[dict]]]:
+    """-> {precision: {record id: [one row per seed: what the ASR heard and its edit operations]}}"""
+    items = [(run, s, rid, u) for run in runs for s, by in run.utts.items() for rid, u in by.items()]
+    out: dict[str, dict[str, list[dict]]] = {}
+    for i, (run, _s, rid, u) in enumerate(items):
+        text = records[rid].text
+        heard = transcriber.transcribe(u.wav, u.sample_rate, textnorm.language_of(text))
+        out.setdefault(run.name, {}).setdefault(rid, []).append({"heard": heard, **asdict(asr.errors(text, heard))})
+        if progress:
+            progress(i + 1, len(items))
+    return out
+
+
+def asr_counts(rows: dict[str, dict], order: list[str]) -> list[asr.ErrorCount]:
+    """Every record's per-seed ASR rows (from per_sentence) as ErrorCounts, in `order`."""
+    return [asr.ErrorCount(**{k: v for k, v in a.items() if k != "heard"})
+            for rid in order for a in rows[rid].get("asr") or []]
+
+
+def end_to_end(ref: PrecisionRun, run: PrecisionRun, seeds, cep: Cepstra, mos: dict[str, float | None] | None,
+               heard: dict[str, list[dict]] | None) -> dict:
+    """mos: {record id: DNSMOS OVRL of this precision's first-seed audio} (None: not scored);
+    heard: {record id: [ASR row per seed]} (None: not scored) -> {record id: the per_sentence row}"""
     per_sentence = {}
     for rid in ref.utts[seeds[0]]:
         m = [cep.mcd(ref.utts[s][rid].wav, run.utts[s][rid].wav) for s in seeds] if run is not ref else []
@@ -283,7 +321,8 @@ def end_to_end(ref: PrecisionRun, run: PrecisionRun, seeds, cep: Cepstra, mos: d
             m = [0.0]
         per_sentence[rid] = {"dtw_mcd_db": float(np.mean(m)) if m else None, "duration_ratio": float(np.mean(d)),
                              "dnsmos_ovrl": q, "steps": run.utts[seeds[0]][rid].steps,
-                             "hit_limit": run.utts[seeds[0]][rid].hit_limit}
+                             "hit_limit": run.utts[seeds[0]][rid].hit_limit,
+                             "asr": heard[rid] if heard is not None else None}
     return per_sentence
 
 
@@ -324,10 +363,22 @@ def floor_verdict(pairs: list[tuple[float, float]], is_reference: bool) -> dict:
             "within_noise_floor": diff[1] <= 0.0}
 
 
-def summarize(scores: dict[str, dict], floor: dict[str, dict], order: list[str], is_reference: bool) -> dict:
-    """One precision's stage CIs and noise-floor verdict from its per-record scores."""
+def asr_verdict(per_sentence: dict, ref_per_sentence: dict, order: list[str], is_reference: bool) -> dict:
+    """The paired gap of the pooled ASR error rate against FP32 (same texts and seeds). A precision whose gap is
+    above zero at 95% says words less well than FP32: it is outside the noise floor whatever its MCD."""
+    mine, ref = asr_counts(per_sentence, order), asr_counts(ref_per_sentence, order)
+    if is_reference or not mine or len(mine) != len(ref):
+        return {}
+    gap = asr.rate_diff_ci(mine, ref)
+    return {"asr_gap_vs_fp32": gap} if gap else {}
+
+
+def summarize(scores: dict[str, dict], floor: dict[str, dict], order: list[str], is_reference: bool,
+              ref_scores: dict | None = None) -> dict:
+    """One precision's stage CIs and noise-floor verdict from its per-record scores (ref_scores: FP32's)."""
     per_sentence = {rid: scores["end_to_end"][rid] for rid in order}
     e2e = {k: ci(pool(per_sentence, order, k)) for k in ("dtw_mcd_db", "duration_ratio", "dnsmos_ovrl")}
+    e2e["intelligibility"] = asr.by_language(asr_counts(per_sentence, order)) or None
     e2e["eos_rate"] = float(np.mean([not v["hit_limit"] for v in per_sentence.values()]))
     res = {
         "decoder_vocoder": {k: ci(pool(scores["decoder_vocoder"], order, k)) for k in DECODER_METRICS},
@@ -336,7 +387,12 @@ def summarize(scores: dict[str, dict], floor: dict[str, dict], order: list[str],
     }
     pairs = [(per_sentence[r]["dtw_mcd_db"], floor[r]["dtw_mcd_db"]) for r in order
              if per_sentence[r]["dtw_mcd_db"] is not None and floor[r]["dtw_mcd_db"] is not None]
-    return {**res, **floor_verdict(pairs, is_reference)}
+    verdict = floor_verdict(pairs, is_reference)
+    if ref_scores is not None:
+        verdict.update(asr_verdict(per_sentence, ref_scores["end_to_end"], order, is_reference))
+        if "asr_gap_vs_fp32" in verdict:
+            verdict["within_noise_floor"] &= verdict["asr_gap_vs_fp32"]["lo"] <= 0.0
+    return {**res, **verdict}
 
 
 def _merge(parts: list[dict]) -> dict:
@@ -393,6 +449,10 @@ def run_evaluation(cfg: EvalConfig, progress: Callable[[str, int, int], None] | 
                                   (lambda i, n: progress("dnsmos", i, n)) if progress else None)
         for (name, rid, _), q in zip(first, values):
             mos.setdefault(name, {})[rid] = q
+    heard = {}
+    transcriber = load_transcriber(cfg)
+    if transcriber is not None:
+        heard = transcribe(transcriber, runs, by_id, (lambda i, n: progress("asr", i, n)) if progress else None)
     scores = {}
     # numpy's BLAS sums in an order that depends on its thread count, which torchrun sets to 1 per rank: one
     # thread everywhere keeps the scores of a sharded run equal to a single process's
@@ -403,7 +463,8 @@ def run_evaluation(cfg: EvalConfig, progress: Callable[[str, int, int], None] | 
                 progress("score", i, len(runs))
             scores[run.name] = {"decoder_vocoder": stage_decoder(ref_wavs, decoded[run.name], cep, ref_utts),
                                 "gpt_teacher_forced": stage_gpt(ref, run, ref_utts, by_id),
-                                "end_to_end": end_to_end(ref, run, cfg.seeds, cep, mos.get(run.name))}
+                                "end_to_end": end_to_end(ref, run, cfg.seeds, cep, mos.get(run.name),
+                                                         heard.get(run.name) if transcriber else None)}
         floor = floor_rows(ref, cfg.seeds, cep)
     if progress:
         progress("score", len(runs), len(runs))
@@ -422,13 +483,14 @@ def run_evaluation(cfg: EvalConfig, progress: Callable[[str, int, int], None] | 
     floor = _merge([p["floor"] for p in parts])
     floor_ci = floor_cis(floor, order)
     results: dict[str, dict] = {}
+    merged = {run.name: {stage: _merge([p["scores"][run.name][stage] for p in parts]) for stage in scores[run.name]}
+              for run in runs}
     for i, run in enumerate(runs):  # timed on rank 0 alone, after every rank is done
         if progress:
             progress("time", i, len(runs))
-        merged = {stage: _merge([p["scores"][run.name][stage] for p in parts]) for stage in scores[run.name]}
         results[run.name] = {"precision": run.name, "recipe": getattr(run.synth, "precision", run.name),
                              "performance": measure_performance(run, records, cfg, params),
-                             **summarize(merged, floor, order, run is ref)}
+                             **summarize(merged[run.name], floor, order, run is ref, merged[ref.name])}
     if progress:
         progress("time", len(runs), len(runs))
     utts = {}
@@ -442,11 +504,13 @@ def run_evaluation(cfg: EvalConfig, progress: Callable[[str, int, int], None] | 
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "model": cfg.model or "shipped voice",
         "text_set": {"file": cfg.text_set, "sha256": set_hash(cfg.text_set), "records": len(records)},
+        "texts": {r.id: r.text for r in records},
         "seeds": list(cfg.seeds), "device": str(ref.synth.device),
         "hardware": torch.cuda.get_device_name(ref.synth.device) if ref.synth.device.type == "cuda"
         else f"{platform.processor() or platform.machine()} ({torch.get_num_threads()} threads)",
         "versions": {"torch": torch.__version__},
         "mcd_settings": metrics.MCDSettings().describe(),
+        "asr": transcriber.settings() if transcriber else None,
         "sampling": params.__dict__,
         "world_size": dist.world_size,
         "devices": [p["shard"]["device"] for p in parts],

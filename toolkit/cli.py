@@ -9,23 +9,7 @@ import sys
 import warnings
 from pathlib import Path
 
-
-def _progress_bar(desc: str):
-    from tqdm import tqdm
-    bars = {}
-
-    def update(stage_or_done, done_or_total, total=None):
-        if total is None:  # (done, total) form
-            stage, done, total = desc, stage_or_done, done_or_total
-        else:
-            stage, done = stage_or_done, done_or_total
-        bar = bars.get(stage) or bars.setdefault(stage, tqdm(total=total, desc=stage, unit="it", leave=False,
-                                                               file=sys.stderr))
-        bar.n = done
-        bar.refresh()
-        if done >= total:
-            bar.close()
-    return update
+from .progress import progress_bar
 
 
 KERNELS = {"auto": None, "on": True, "off": False}  # --kernels -> Engine(kernels=...)
@@ -49,7 +33,7 @@ def cmd_synth(a) -> int:
     synth = Synthesizer(a.model, a.device, a.precision, compile=a.compile, kernels=KERNELS[a.kernels])
     params = SamplingParams(temperature=a.temperature, top_p=a.top_p, top_k=a.top_k, max_new_tokens=a.max_steps)
     utt = synth.synthesize(text, speaker=a.speaker, seed=a.seed, params=params, batch_size=a.batch_size,
-                           control_tokens=a.control_tokens, progress=_progress_bar("sentences"))[0]
+                           control_tokens=a.control_tokens, progress=progress_bar("sentences"))[0]
     write_wav(out, utt.wav, utt.sample_rate, force=a.force)
     t = utt.timings
     print(f"wrote {out}: {utt.duration:.2f} s at {utt.sample_rate} Hz, {utt.steps} steps, "
@@ -81,7 +65,7 @@ def cmd_export(a) -> int:
     from .export import export_onnx
 
     out = export_onnx(a.model, a.precision, a.out, calib_set=a.calib, force=a.force,
-                      progress=_progress_bar("export"))
+                      progress=progress_bar("export"))
     files = json.loads((out / "onnx_manifest.json").read_text())["files"]
     size = sum(f["bytes"] for f in files.values())
     print(f"wrote {out} ({a.precision}, {size / 2**20:.1f} MiB): "
@@ -127,7 +111,7 @@ def cmd_quantize(a) -> int:
     out, report = quantize_to_artifact(a.model, a.precision, a.out, calib_set=a.calib, device=a.device,
                                        limit=a.limit, max_steps=a.max_steps, awq=not a.no_awq,
                                        keep_sensitive=a.keep_sensitive, target_error=a.target_error,
-                                       force=a.force, progress=_progress_bar("quantize"), float_dtype=a.float_dtype)
+                                       force=a.force, progress=progress_bar("quantize"), float_dtype=a.float_dtype)
     plan = report.plan
     print(f"wrote {out}")
     print("| precision | quantized layers | kept float (sensitive) | skipped (shape) | size before | size after | "
@@ -261,7 +245,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     try:
         from evaluation.cli import add_evaluate_parser
+        from evaluation.score import add_score_parser
         add_evaluate_parser(sub, model_args)
+        add_score_parser(sub)
     except ImportError:
         pass
     return p
