@@ -209,3 +209,48 @@ def test_artifact_keeps_the_text_front_end(reports, tmp_path):
         model.frontend = None
     assert json.loads((out / "manifest.json").read_text())["frontend"] == "espeak"
     assert load_model(out).frontend == "espeak"
+
+
+FRESH_PROCESS_SYNTH = """
+import json, sys
+import numpy as np, torch
+path, out, threads = sys.argv[1:4]
+torch.set_num_threads(int(threads))
+from toolkit import SamplingParams, Synthesizer
+preloaded = sorted(m for m in sys.modules if m.startswith("torchao.prototype"))
+synth = Synthesizer(path, "cpu")
+u = synth.synthesize("hi there. hello world.", params=SamplingParams(max_new_tokens=8), seed=3)[0]
+kinds = sorted({type(w).__name__ for w in synth.model.state_dict().values()})
+np.savez(out, wav=u.wav, codes=np.concatenate([s.codes.numpy() for s in u.segments]))
+print(json.dumps({"preloaded": preloaded, "kinds": kinds}))
+"""
+
+
+def test_every_cpu_artifact_loads_and_speaks_the_same_in_a_fresh_process(reports, tmp_path):
+    """Issue 40: an int4 artifact loaded in a new process failed ("Unsupported global: Int4OpaqueTensor"), since only
+    the quantizing process had imported torchao's prototype int4 package. Each CPU recipe's artifact is loaded by its
+    own fresh interpreter (which has imported no torchao module before the load), with weights_only=True as always,
+    and speaks the very codes and audio that the quantized model spoke in this process at the same seed."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "TORCHAO_FORCE_SKIP_LOADING_SO_FILES": "1"}
+    runs = {}
+    for name in CPU_RECIPES:
+        out = save_artifact(reports[name][0], tmp_path / name)
+        runs[name] = subprocess.Popen(
+            [sys.executable, "-c", FRESH_PROCESS_SYNTH, str(out), str(tmp_path / f"{name}.npz"),
+             str(torch.get_num_threads())], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    for name, proc in runs.items():
+        stdout, stderr = proc.communicate(timeout=300)
+        assert proc.returncode == 0, f"{name}: {stderr[-2000:]}"
+        child = json.loads(stdout.strip().splitlines()[-1])
+        assert child["preloaded"] == [], (name, child)  # fresh: torchao's prototype (CPU int4) package not imported
+        model = reports[name][0]
+        kinds = sorted({type(w).__name__ for w in model.state_dict().values()})
+        assert child["kinds"] == kinds, name  # the same tensor classes came back
+        u = Synthesizer(model, "cpu").synthesize("hi there. hello world.", params=SamplingParams(max_new_tokens=8),
+                                                 seed=3)[0]
+        got = np.load(tmp_path / f"{name}.npz")
+        assert np.array_equal(got["codes"], np.concatenate([s.codes.numpy() for s in u.segments])), name
+        np.testing.assert_allclose(got["wav"], u.wav, rtol=0, atol=1e-6 * max(1.0, float(np.abs(u.wav).max())),
+                                   err_msg=name)
+    kinds = {name: sorted({type(w).__name__ for w in reports[name][0].state_dict().values()}) for name in runs}
+    assert "Int4OpaqueTensor" in kinds["int4-g32"] and "Int8Tensor" in kinds["w8a8"]  # the test tests something

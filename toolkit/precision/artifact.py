@@ -10,7 +10,7 @@ import torch
 from ..checkpoint import CheckpointError, load_strict, read_manifest, split_state, verify_files, write_manifest
 from ..fileio import atomic_dir
 from ..models import ModelConfig, TTSModel, Tokenizer
-from .recipes import RECIPES
+from .recipes import RECIPES, tensor_classes
 
 
 def _versions() -> dict[str, str]:
@@ -58,9 +58,13 @@ def load_artifact(root: Path, manifest: dict | None = None, device: torch.device
             raise CheckpointError(f"{root} was written with torchao {'.'.join(made)}, this is torchao "
                                   f"{torchao.__version__}; install torchao=={'.'.join(made)}.* or re-quantize")
     verify_files(root, manifest)
-    import torchao.quantization  # noqa: F401  registers the tensor subclasses as safe globals
+    import torchao.quantization  # noqa: F401  registers its tensor subclasses as safe globals
+    # the recipe's own classes, by name: an allow-list for this load only (never an unsafe load), and the import of
+    # modules that nothing else imports in a fresh process (the CPU int4 tensor's prototype package)
+    allowed = tensor_classes(RECIPES[precision], kind) if RECIPES[precision].is_quantized else []
     try:
-        state = torch.load(root / "model.pt", map_location=device, weights_only=True)
+        with torch.serialization.safe_globals(allowed):
+            state = torch.load(root / "model.pt", map_location=device, weights_only=True)
     except Exception as e:
         raise CheckpointError(f"cannot read {root / 'model.pt'}: {type(e).__name__}: {e}. The artifact is corrupt "
                               "or was not written by ttsq; re-create it with ttsq quantize") from e

@@ -82,6 +82,30 @@ def get_recipe(name: str, device: torch.device) -> Recipe:
 KEEP_FLOAT = ("gpt.head_text", "gpt.head_code", "vocos.out")
 
 
+def tensor_classes(recipe: Recipe, device_type: str) -> list[type]:
+    """The torchao tensor subclasses (and the objects they pickle) that an artifact of `recipe`, packed for
+    `device_type`, holds: the allow-list that torch.load(weights_only=True) needs to read its model.pt. Importing
+    them here also matters: a class whose module was never imported (torchao's CPU int4 lives in a prototype
+    package that `import torchao.quantization` does not load) cannot be named by the unpickler at all."""
+    from torchao import quantization as q
+    from torchao.quantization.quant_primitives import MappingType
+    from torchao.quantization.quantize_.workflows.int8.int8_tensor import QuantizeTensorToInt8Kwargs
+
+    if recipe.weights == "int8":
+        return [q.Int8Tensor] + ([QuantizeTensorToInt8Kwargs, q.PerRow, MappingType]
+                                 if recipe.activations == "int8" else [])
+    if recipe.weights == "int4":
+        if device_type == "cuda":
+            return [q.Int4TilePackedTo4dTensor]
+        from torchao.prototype.quantization.int4 import Int4OpaqueTensor
+        return [Int4OpaqueTensor]
+    if recipe.weights == "fp8":
+        from torchao.quantization.quantize_.common.kernel_preference import KernelPreference
+        from torchao.quantization.quantize_.workflows.float8.float8_tensor import QuantizeTensorToFloat8Kwargs
+        return [q.Float8Tensor, QuantizeTensorToFloat8Kwargs, q.PerRow, KernelPreference]
+    return []
+
+
 def is_int8_weight_only(w: torch.Tensor) -> bool:
     """Whether w is torchao's int8 weight-only tensor (an Int8Tensor that does not quantize activations)."""
     return type(w).__name__ == "Int8Tensor" and getattr(w, "act_quant_kwargs", 1) is None
