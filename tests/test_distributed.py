@@ -58,7 +58,7 @@ def test_two_gloo_ranks_match_one_process(tiny_dir, tmp_path):
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
            "-m", "toolkit.cli", "evaluate", "--distributed", "--model", str(tiny_dir), "--precisions", "fp32,bf16",
-           "--set", SMOKE, "--max-steps", "16", "--batch-size", "2", "--repeats", "1", "--no-dnsmos", "--out", str(out)]
+           "--set", SMOKE, "--max-steps", "16", "--batch-size", "2", "--repeats", "1", "--no-dnsmos", "--no-asr", "--out", str(out)]
     r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
     assert r.returncode == 0, r.stderr[-4000:]
     dist = json.loads((out / "report.json").read_text())
@@ -67,7 +67,8 @@ def test_two_gloo_ranks_match_one_process(tiny_dir, tmp_path):
     torch.set_num_threads(1)  # as each rank ran
     try:
         cfg = EvalConfig(model=str(tiny_dir), precisions=["fp32", "bf16"], text_set=SMOKE, out="", device="cpu",
-                         max_steps=16, batch_size=2, repeats=1, throughput_batches=(1,), dnsmos=False)
+                         max_steps=16, batch_size=2, repeats=1, throughput_batches=(1,), dnsmos=False,
+                         asr=False)
         single, _ = run_evaluation(cfg)
     finally:
         torch.set_num_threads(threads)

@@ -43,6 +43,23 @@ def test_report_schema(evaluated):
     assert report["noise_floor"]["dtw_mcd_db"]["mean"] > 0  # sampling alone changes the audio
 
 
+def test_report_carries_intelligibility_for_every_precision(evaluated):
+    """WER/CER by the ASR for every precision, every seed's transcript per sentence, and the gap against FP32."""
+    pytest.importorskip("faster_whisper", reason="the asr extra is not installed (pip install -e '.[asr]')")
+    report, out = evaluated
+    assert report["asr"]["model"] == "whisper-base" and report["asr"]["decoding"]["beam_size"] == 5
+    for name, r in report["precisions"].items():
+        rates = r["end_to_end"]["intelligibility"]
+        assert set(rates) <= {"wer", "cer", "mer"} and "wer" in rates  # the smoke set's first three are English
+        assert rates["wer"]["lo"] <= rates["wer"]["mean"] <= rates["wer"]["hi"]
+        for row in r["per_sentence"].values():
+            assert len(row["asr"]) == 2 and all(isinstance(a["heard"], str) for a in row["asr"])
+        assert ("asr_gap_vs_fp32" in r) == (name != "fp32")
+    md = (out / "report.md").read_text()
+    assert "| WER en |" in md and "ASR: whisper-base" in md
+    assert "What the ASR heard" in (out / "report.html").read_text()
+
+
 def test_report_files(evaluated):
     report, out = evaluated
     assert json.loads((out / "report.json").read_text())["precisions"].keys() == report["precisions"].keys()
@@ -71,7 +88,8 @@ def test_cli_evaluate(tiny_dir, tmp_path):
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     out = tmp_path / "ev"
     cmd = [sys.executable, "-m", "toolkit.cli", "evaluate", "--model", str(tiny_dir), "--precisions", "fp32,int8@bf16",
-           "--set", SMOKE, "--limit", "2", "--max-steps", "12", "--repeats", "1", "--no-dnsmos", "--out", str(out)]
+           "--set", SMOKE, "--limit", "2", "--max-steps", "12", "--repeats", "1", "--no-dnsmos", "--no-asr", "--out",
+           str(out)]
     r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
     assert r.returncode == 0, r.stderr
     assert "| int8@bf16 |" in r.stdout and (out / "report.html").is_file()  # NAME@DTYPE: int8 on bf16 activations
