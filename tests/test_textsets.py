@@ -274,6 +274,32 @@ def test_wrongly_typed_field(tmp_path: Path, field: str, value: object, kind: st
     assert_problem(p, 1, f"field {field!r} is a JSON {kind}, must be a string")
 
 
+def test_integer_speaker_is_a_seed_as_on_the_command_line(tmp_path: Path) -> None:
+    """Issue 40, item 8: "speaker": 0 (a JSON number) was refused. An integer is a speaker seed, as `--speaker 0`
+    takes it: it loads as "seed:0", which names the same speaker vector as the integer does."""
+    import torch
+
+    from toolkit.models.speaker import random_speaker
+    from toolkit.params import speaker_seed
+
+    p = write_lines(tmp_path, [json.dumps(good(id=f"r{i}", speaker=seed)) for i, seed in enumerate([0, 7, -3, 2**63])])
+    recs = load_text_set(p)
+    assert [r.speaker for r in recs] == ["seed:0", "seed:7", "seed:-3", f"seed:{2**63}"]
+    assert [speaker_seed(r.speaker) for r in recs] == [0, 7, -3, 2**63]
+    stat = torch.stack([torch.ones(8), torch.zeros(8)])
+    for r, seed in zip(recs, [0, 7, -3, 2**63]):  # every seed accepted is one torch's generator takes
+        assert torch.equal(random_speaker(speaker_seed(r.speaker), stat), random_speaker(seed, stat))
+
+
+@pytest.mark.parametrize("value,message", [(True, "is a JSON boolean, must be a string or an integer seed"),
+                                           (1.0, "is a JSON number, must be a string or an integer seed"),
+                                           (2**64, "speaker seed 18446744073709551616 is out of range"),
+                                           (-2**63 - 1, "out of range")])
+def test_speaker_that_is_no_seed_is_refused(tmp_path: Path, value: object, message: str) -> None:
+    p = write_lines(tmp_path, [json.dumps(good(speaker=value))])
+    assert_problem(p, 1, message)
+
+
 @pytest.mark.parametrize("field,value", [("text", ""), ("text", " \t\u3000 "), ("id", ""), ("speaker", "  ")])
 def test_empty_or_whitespace_fields(tmp_path: Path, field: str, value: str) -> None:
     p = write_lines(tmp_path, [json.dumps(good(**{field: value}))])

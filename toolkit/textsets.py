@@ -5,6 +5,9 @@ One JSON object per line with exactly these string fields::
     {"id": "calib-en-short-001", "text": "Good morning.", "language": "en",
      "length": "short", "speaker": "seed:7"}
 
+``speaker`` may also be a JSON integer, a speaker seed as ``--speaker 7`` takes
+it: ``"speaker": 7`` loads as ``"seed:7"``.
+
 Blank lines are skipped. Every problem in a file is collected and raised as one
 :class:`TextSetError` naming the file, the line and the fix.
 
@@ -44,7 +47,10 @@ LENGTHS: tuple[str, ...] = ("short", "medium", "long")
 """Allowed ``length`` buckets: short < ~3 s of speech, medium 3-12 s, long up to ~40 s."""
 
 FIELDS: tuple[str, ...] = ("id", "text", "language", "length", "speaker")
-"""Required fields, all strings, no others allowed."""
+"""Required fields, all strings (``speaker`` may be an integer seed), no others allowed."""
+
+SEED_RANGE = (-2**63, 2**64 - 1)
+"""Integer speaker seeds torch's generators accept."""
 
 MAX_LISTED_ERRORS = 20
 
@@ -126,8 +132,13 @@ def _check_record(obj: Any) -> list[str]:
         if field not in obj:
             continue
         value = obj[field]
-        if not isinstance(value, str):
-            msgs.append(f"field {field!r} is a JSON {_json_type(value)}, must be a string")
+        if field == "speaker" and type(value) is int:  # a seed, as --speaker 7 takes it (JSON true is no seed)
+            if not SEED_RANGE[0] <= value <= SEED_RANGE[1]:
+                msgs.append(f"speaker seed {value} is out of range; use an integer from {SEED_RANGE[0]} to "
+                            f"{SEED_RANGE[1]}")
+        elif not isinstance(value, str):
+            msgs.append(f"field {field!r} is a JSON {_json_type(value)}, must be a string"
+                        + (" or an integer seed" if field == "speaker" else ""))
         elif _has_surrogate(value):
             msgs.append(f"field {field!r} contains an unpaired surrogate escape (\\ud800-\\udfff); "
                         "use real Unicode characters")
@@ -180,6 +191,8 @@ def load_text_set(path: str | Path) -> list[TextRecord]:
         if msgs:
             problems.extend((lineno, m) for m in msgs)
             continue
+        if type(obj["speaker"]) is int:
+            obj["speaker"] = f"seed:{obj['speaker']}"
         rec = TextRecord(**{f: obj[f] for f in FIELDS})
         if rec.id in first_line_of:
             problems.append((lineno, f"duplicate id {rec.id!r} (first used on line "
