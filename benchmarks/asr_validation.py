@@ -37,9 +37,10 @@ def espeak(text: str) -> np.ndarray:
     """espeak-ng's audio of `text` at 24 kHz, each Latin or Han run in its own voice (as ttsq's front end splits)."""
     from scipy.signal import resample_poly
 
+    from evaluation.textnorm import CONTROL_RE
     from toolkit.frontend import split_runs
     parts = []
-    for lang, run in split_runs(text):
+    for lang, run in split_runs(CONTROL_RE.sub(" ", text)):
         res = subprocess.run(["espeak-ng", "-v", VOICES[lang], "--stdout", run], capture_output=True, check=True)
         with wave.open(io.BytesIO(res.stdout)) as w:
             sr = w.getframerate()

@@ -93,7 +93,7 @@ class DecodeOptions:
     compute_type: str = "int8"
     zh_initial_prompt: str = ZH_PROMPT
     zh_repetition_penalty: float = 1.2
-    zh_no_repeat_ngram_size: int = 3
+    zh_no_repeat_ngram_size: int = 3  # also the English retry's, when the first pass loops (see `looping`)
 
 
 @dataclass
@@ -147,9 +147,22 @@ class Transcriber:
             repetition_penalty=o.zh_repetition_penalty if zh else 1.0,
             no_repeat_ngram_size=o.zh_no_repeat_ngram_size if zh else 0)
         text = "".join(s.text for s in segments).strip()
+        if not zh and looping(text):  # Whisper's decoding loop: again, deterministically, with no repeated trigrams
+            segments, _ = self._model.transcribe(
+                x, language="en", beam_size=o.beam_size, temperature=0.0, condition_on_previous_text=False,
+                without_timestamps=True, vad_filter=False, repetition_penalty=o.zh_repetition_penalty,
+                no_repeat_ngram_size=o.zh_no_repeat_ngram_size)
+            text = "".join(s.text for s in segments).strip()
         if zh and o.zh_initial_prompt and text.startswith(o.zh_initial_prompt):  # the prompt leaks into short clips
             text = text[len(o.zh_initial_prompt):].strip()
         return text
+
+
+def looping(text: str, threshold: float = 2.4) -> bool:
+    """Whisper's own test for a decoding loop: the text compresses more than `threshold` times under zlib."""
+    import zlib
+    raw = text.encode()
+    return len(raw) > 40 and len(raw) / len(zlib.compress(raw)) > threshold
 
 
 @dataclass(frozen=True)

@@ -27,7 +27,8 @@ _LATIN_WORD_RE = re.compile(r"[a-z0-9]+(?:'[a-z]+)?")
 _ABBREVIATIONS = {"mr": "mister", "mrs": "missus", "ms": "miss", "dr": "doctor", "st": "saint", "vs": "versus",
                   "etc": "et cetera"}
 _SYMBOLS = {"&": " and ", "%": " percent ", "+": " plus ", "=": " equals ", "@": " at ", "°c": " degrees celsius ",
-            "℃": " degrees celsius ", "°": " degrees "}
+            "°f": " degrees fahrenheit ", "°": " degrees "}
+CONTROL_RE = re.compile(r"\[[a-z_]+(?:_\d+)?\]")  # ChatTTS controls ([uv_break], [laugh_0]): not spoken words
 _CURRENCY = {"$": ("dollars", "dollar", "cents"), "€": ("euros", "euro", "cents"), "£": ("pounds", "pound", "pence"),
              "¥": ("yuan", "yuan", "")}
 
@@ -115,7 +116,7 @@ def _mandarin(text: str) -> str:
 
 def tokens(text: str) -> list[str]:
     """The comparable tokens of `text`: Latin words and single Han characters, in order."""
-    t = unicodedata.normalize("NFKC", text)
+    t = unicodedata.normalize("NFKC", CONTROL_RE.sub(" ", text))
     if _HAN_RE.search(t):
         t = _mandarin(t)
         out: list[str] = []
