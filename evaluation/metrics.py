@@ -6,7 +6,8 @@ the metric is defined at, and raises :class:`ValueError` naming the problem
 for bad input (wrong dimensionality, non-float dtype, NaN/Inf samples, empty
 or too-short audio, bad sample rate).
 
-Two kinds of comparison (see NOTES, "Evaluation design that holds up"):
+Two kinds of comparison, since audio from identical inputs lines up sample by
+sample and audio from sampled tokens does not:
 
 * sample-aligned stages (decoder, vocoder on identical inputs):
   ``mcd(..., align="none")``, :func:`pesq_wb`, :func:`stoi`,
