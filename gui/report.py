@@ -3,7 +3,8 @@
 Nothing already measured is computed again. What the GUI does not measure (the decoder+vocoder and teacher-forced
 GPT stages, PESQ/STOI) is null, as the schema allows; `ttsq evaluate` fills those. The FP32 noise floor (FP32 at
 seed+1 against seed) is measured here, with evaluation.runner's own function, so that the gap to FP32 means
-something.
+something. What the ASR heard (the worker's intelligibility score) goes in per_sentence "asr" rows shaped like
+`ttsq evaluate`'s, so the same writers show the WER/CER column, its gap to FP32 and "What the ASR heard".
 """
 from __future__ import annotations
 
@@ -33,10 +34,11 @@ def build_report(job, results: list[dict], floor: dict | None) -> tuple[dict, di
     """-> (report, utts) for evaluation.report.write_report."""
     import torch
 
-    from evaluation import metrics
-    from evaluation.runner import ci, floor_verdict
+    from evaluation import asr, metrics
+    from evaluation.runner import asr_counts, asr_verdict, ci, floor_verdict
 
     ref = next((r for r in results if r["name"] == "fp32"), None)
+    ref_rows = {RID: {"asr": [ref["asr"]] if ref and ref.get("asr") else None}}
     precisions = {}
     for r in results:
         dur_ratio = r["duration_s"] / max(ref["duration_s"], 1e-9) if ref else None
@@ -49,18 +51,25 @@ def build_report(job, results: list[dict], floor: dict | None) -> tuple[dict, di
             "size_bytes": r["size_bytes"], "peak_gpu_bytes_torch": r["peak_gpu_bytes"], "peak_gpu_bytes_nvml": None,
         }
         per_sentence = {RID: {"dtw_mcd_db": r["mcd_db"], "duration_ratio": dur_ratio, "dnsmos_ovrl": r["dnsmos_ovrl"],
-                              "steps": r["steps"], "hit_limit": r["hit_limit"]}}
+                              "steps": r["steps"], "hit_limit": r["hit_limit"],
+                              "asr": [r["asr"]] if r.get("asr") else None}}  # one seed: one row
         res = {
             "precision": r["name"], "recipe": r["recipe"], "performance": perf,
             "decoder_vocoder": {"mcd_db": None, "pesq_wb": None, "stoi": None, "log_mel_l1": None},
             "gpt_teacher_forced": {"top1_agreement": None, "kl_nats": None},
             "end_to_end": {"dtw_mcd_db": ci([r["mcd_db"]]), "duration_ratio": ci([dur_ratio]),
-                           "dnsmos_ovrl": ci([r["dnsmos_ovrl"]]), "eos_rate": float(not r["hit_limit"])},
+                           "dnsmos_ovrl": ci([r["dnsmos_ovrl"]]),
+                           "intelligibility": asr.by_language(asr_counts(per_sentence, [RID])) or None,
+                           "eos_rate": float(not r["hit_limit"])},
             "per_sentence": per_sentence,
         }
         floor_mcd = (floor or {}).get("per", {}).get(RID)
         pairs = [(r["mcd_db"], floor_mcd)] if r["mcd_db"] is not None and floor_mcd is not None else []
-        precisions[r["name"]] = {**res, **floor_verdict(pairs, r["name"] == "fp32")}
+        verdict = floor_verdict(pairs, r["name"] == "fp32")
+        verdict.update(asr_verdict(per_sentence, ref_rows, [RID], r["name"] == "fp32"))
+        if "asr_gap_vs_fp32" in verdict:  # as in ttsq evaluate: a precision that loses words is outside the floor
+            verdict["within_noise_floor"] &= verdict["asr_gap_vs_fp32"]["lo"] <= 0.0
+        precisions[r["name"]] = {**res, **verdict}
     device = results[0]["device"] if results else job.device
     report = {
         "schema": "ttsq-eval/1",
@@ -68,11 +77,13 @@ def build_report(job, results: list[dict], floor: dict | None) -> tuple[dict, di
         "source": "ttsq gui (one sentence; decoder+vocoder and GPT stages not measured: run ttsq evaluate)",
         "model": job.model or "shipped voice",
         "text_set": {"file": "(typed in the GUI)", "sha256": None, "records": 1, "text": job.text},
+        "texts": {RID: job.text},
         "seeds": [job.seed, job.seed + 1], "device": device,
         "hardware": torch.cuda.get_device_name(torch.device(device)) if device.startswith("cuda")
         else f"{platform.processor() or platform.machine()} ({torch.get_num_threads()} threads)",
         "versions": {"torch": torch.__version__},
         "mcd_settings": metrics.MCDSettings().describe(),
+        "asr": next((r["asr_settings"] for r in results if r.get("asr_settings")), None),
         "sampling": dict(job.params.__dict__),
         "noise_floor": (floor or {}).get("floor") or {"dtw_mcd_db": None, "duration_ratio": None},
         "precisions": precisions,

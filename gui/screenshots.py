@@ -19,6 +19,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--text", default="Turn left at the second light.")
     p.add_argument("--max-steps", type=int, default=64)
     p.add_argument("--dnsmos", action="store_true")
+    p.add_argument("--no-asr", dest="asr", action="store_false", help="leave the WER/CER column empty (faster)")
     a = p.parse_args(argv)
     os.environ.setdefault("TORCHAO_FORCE_SKIP_LOADING_SO_FILES", "1")
     from PySide6.QtCore import QSettings, QTimer
@@ -37,6 +38,7 @@ def main(argv: list[str] | None = None) -> int:
     win.set_precisions(a.precisions)
     win.max_steps.setValue(a.max_steps)
     win.dnsmos.setChecked(a.dnsmos)
+    win.asr.setChecked(a.asr)
     win.show()
 
     def pump(ms: int = 200):

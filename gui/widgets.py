@@ -124,8 +124,23 @@ def _fmt(v, spec: str, scale: float = 1.0) -> str:
     return "–" if v is None else format(v * scale, spec)
 
 
+UNITS = {"en": "words", "zh": "characters", "mixed": "tokens (Han characters and Latin words)"}
+
+
+def asr_tip(res: dict) -> str:
+    """The intelligibility cell's tooltip: what the ASR heard and the edit counts, or why there is no value."""
+    a = res.get("asr")
+    if not a:
+        return res.get("asr_note", "")
+    from evaluation.asr import METRIC_NAME
+    heard = f"the ASR heard: \u201c{a['heard']}\u201d" if a["heard"] else "the ASR heard nothing"
+    return (f"{METRIC_NAME[a['language']].upper()} {res['asr_rate']:.2f} against the text typed\n{heard}\n"
+            f"{a['sub']} sub, {a['dele']} del, {a['ins']} ins of {a['ref_tokens']} {UNITS[a['language']]}")
+
+
 class ComparisonTable(QTableWidget):
-    COLUMNS = ["precision", "first audio s", "latency s", "RTF", "MCD vs FP32 dB", "DNSMOS", "size MiB",
+    # intelligibility first among the quality columns: fluent babble passes MCD and DNSMOS, not the ASR
+    COLUMNS = ["precision", "first audio s", "latency s", "RTF", "WER/CER", "MCD vs FP32 dB", "DNSMOS", "size MiB",
                "GPU MiB", "audio s", "steps"]
 
     def __init__(self, parent=None):
@@ -145,10 +160,12 @@ class ComparisonTable(QTableWidget):
             self.insertRow(row)
         mib = 1 / 2 ** 20
         cells = [res["name"], _fmt(res["time_to_first_audio_s"], ".3f"), _fmt(res["latency_s"], ".3f"),
-                 _fmt(res["rtf"], ".3f"), _fmt(res["mcd_db"], ".2f"), _fmt(res["dnsmos_ovrl"], ".2f"),
-                 _fmt(res["size_bytes"], ".1f", mib), _fmt(res["peak_gpu_bytes"], ".0f", mib),
-                 _fmt(res["duration_s"], ".2f"), str(res["steps"])]
-        tips = {4: res.get("mcd_note", ""), 5: res.get("dnsmos_note", "")}
+                 _fmt(res["rtf"], ".3f"), _fmt(res.get("asr_rate"), ".2f"), _fmt(res["mcd_db"], ".2f"),
+                 _fmt(res["dnsmos_ovrl"], ".2f"), _fmt(res["size_bytes"], ".1f", mib),
+                 _fmt(res["peak_gpu_bytes"], ".0f", mib), _fmt(res["duration_s"], ".2f"), str(res["steps"])]
+        col = self.COLUMNS.index
+        tips = {col("WER/CER"): asr_tip(res), col("MCD vs FP32 dB"): res.get("mcd_note", ""),
+                col("DNSMOS"): res.get("dnsmos_note", "")}
         for c, text in enumerate(cells):
             item = QTableWidgetItem(text)
             if c:
@@ -161,8 +178,14 @@ class ComparisonTable(QTableWidget):
         self.setRowCount(0)
 
 
+#: the chart's quality axes: (combo label, result key, axis title)
+QUALITY_AXES = [("WER/CER", "asr_rate", "WER/CER (lower = better)"), ("MCD vs FP32", "mcd_db", "MCD vs FP32, dB"),
+                ("DNSMOS", "dnsmos_ovrl", "DNSMOS OVRL (higher = better)")]
+
+
 class LatencyQualityChart(QChartView):
-    """One scatter series per precision: x = real-time factor (lower is faster), y = MCD vs FP32 (lower is better)."""
+    """One scatter series per precision: x = real-time factor (lower is faster), y = the chosen quality metric
+    (`set_axis`: WER/CER by default, MCD vs FP32 or DNSMOS). A result without that metric is not plotted."""
     hovered = Signal(str)
 
     def __init__(self, parent=None):
@@ -171,7 +194,6 @@ class LatencyQualityChart(QChartView):
         chart.legend().setAlignment(Qt.AlignBottom)
         self.ax_x, self.ax_y = QValueAxis(), QValueAxis()
         self.ax_x.setTitleText("RTF (lower = faster)")
-        self.ax_y.setTitleText("MCD vs FP32, dB")
         self.ax_x.setLabelFormat("%.3g")
         self.ax_y.setLabelFormat("%.2g")
         chart.addAxis(self.ax_x, Qt.AlignBottom)
@@ -181,33 +203,51 @@ class LatencyQualityChart(QChartView):
         self.setMinimumSize(260, 200)
         self.series: dict[str, QScatterSeries] = {}
         self.points: dict[str, tuple[float, float]] = {}
+        self.results: dict[str, dict] = {}  # kept so that another axis can be plotted without a new run
+        self.axis = ""
+        self.set_axis(QUALITY_AXES[0][1])
+
+    def set_axis(self, key: str) -> None:
+        """key: a result key of QUALITY_AXES (asr_rate, mcd_db, dnsmos_ovrl)."""
+        self.axis = key
+        self.ax_y.setTitleText(next(t for _, k, t in QUALITY_AXES if k == key))
+        self._plot()
 
     def set_result(self, res: dict) -> None:
-        if res["mcd_db"] is None:
-            return
-        name = res["name"]
+        self.results[res["name"]] = res
+        self._plot()
+
+    def _series(self, name: str) -> QScatterSeries:
         s = self.series.get(name)
-        if s is None:
+        if s is None:  # one colour per precision, in the order they came, whatever the axis
             s = QScatterSeries()
             s.setName(name)
             s.setMarkerSize(12)
-            s.setColor(QColor(COLORS[len(self.series) % len(COLORS)]))
+            s.setColor(QColor(COLORS[list(self.results).index(name) % len(COLORS)]))
             self.chart().addSeries(s)
             s.attachAxis(self.ax_x)
             s.attachAxis(self.ax_y)
             self.series[name] = s
-        s.clear()
-        s.append(QPointF(res["rtf"], res["mcd_db"]))
-        self.points[name] = (res["rtf"], res["mcd_db"])
-        xs = [p[0] for p in self.points.values()]
-        ys = [p[1] for p in self.points.values()]
-        self.ax_x.setRange(0, max(xs) * 1.15 or 1)
-        self.ax_y.setRange(0, max(ys) * 1.15 or 1)
-        self.ax_x.applyNiceNumbers()
-        self.ax_y.applyNiceNumbers()
+        return s
+
+    def _plot(self) -> None:
+        self.points = {n: (r["rtf"], r[self.axis]) for n, r in self.results.items() if r.get(self.axis) is not None}
+        for name, s in self.series.items():
+            s.clear()
+            s.setVisible(name in self.points)
+        for name, (x, y) in self.points.items():
+            s = self._series(name)
+            s.append(QPointF(x, y))
+            s.setVisible(True)
+        if self.points:
+            self.ax_x.setRange(0, max(p[0] for p in self.points.values()) * 1.15 or 1)
+            self.ax_y.setRange(0, max(p[1] for p in self.points.values()) * 1.15 or 1)
+            self.ax_x.applyNiceNumbers()
+            self.ax_y.applyNiceNumbers()
 
     def clear_results(self) -> None:
         for s in self.series.values():
             self.chart().removeSeries(s)
         self.series.clear()
         self.points.clear()
+        self.results.clear()

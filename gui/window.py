@@ -13,7 +13,7 @@ from PySide6.QtWidgets import (QCheckBox, QComboBox, QDoubleSpinBox, QFileDialog
 
 from . import workers
 from .player import NoOutputDevice, Player
-from .widgets import COLORS, ComparisonTable, LatencyQualityChart, ResultView
+from .widgets import COLORS, QUALITY_AXES, ComparisonTable, LatencyQualityChart, ResultView
 
 SHIPPED = "shipped voice"
 CALIB_DIR = Path(__file__).resolve().parents[1] / "calibration_sets"
@@ -49,6 +49,7 @@ class MainWindow(QMainWindow):
         self.error_box: QMessageBox | None = None
         self.warnings: list[str] = []
         self._closing = False
+        self.intelligibility = workers.Intelligibility()  # one ASR for the session, loaded by the first synthesis
         self.player = Player(self)
         self.player.finished.connect(self._playback_ended)
         self._playhead = QTimer(self)
@@ -113,6 +114,10 @@ class MainWindow(QMainWindow):
         self.top_k.setRange(1, 1000)
         self.max_steps = QSpinBox()
         self.max_steps.setRange(1, 4096)
+        self.asr = QCheckBox("Intelligibility (ASR)")
+        self.asr.setToolTip("WER (English), CER (Mandarin) or MER (mixed) of what an offline Whisper hears against "
+                            "the text typed; the first use loads the ASR (about 1 s). Needs the asr extra: "
+                            "pip install -e '.[asr]'")
         self.dnsmos = QCheckBox("DNSMOS (first use loads its models)")
         self.ttfa = QCheckBox("time to first audio (streams once more)")
         self.control_tokens = QCheckBox("read [laugh], [uv_break], ... as controls")
@@ -125,6 +130,7 @@ class MainWindow(QMainWindow):
         f.addRow("Top-p", self.top_p)
         f.addRow("Top-k", self.top_k)
         f.addRow("Max steps", self.max_steps)
+        f.addRow(self.asr)
         f.addRow(self.dnsmos)
         f.addRow(self.ttfa)
         f.addRow(self.control_tokens)
@@ -206,9 +212,22 @@ class MainWindow(QMainWindow):
         self.table = ComparisonTable()
         self.table.itemSelectionChanged.connect(self._table_selected)
         self.chart = LatencyQualityChart()
+        self.chart_axis = QComboBox()
+        for label, key, _ in QUALITY_AXES:
+            self.chart_axis.addItem(label, key)
+        self.chart_axis.currentIndexChanged.connect(lambda _: self.chart.set_axis(self.chart_axis.currentData()))
+        chart_box = QWidget()
+        cv = QVBoxLayout(chart_box)
+        cv.setContentsMargins(0, 0, 0, 0)
+        row = QHBoxLayout()
+        row.addWidget(QLabel("quality axis:"))
+        row.addWidget(self.chart_axis)
+        row.addStretch(1)
+        cv.addLayout(row)
+        cv.addWidget(self.chart, 1)
         self.bottom = QSplitter(Qt.Horizontal)
         self.bottom.addWidget(self.table)
-        self.bottom.addWidget(self.chart)
+        self.bottom.addWidget(chart_box)
         self.bottom.setStretchFactor(0, 1)
         self.bottom.setStretchFactor(1, 1)
         self.bottom.setSizes([560, 440])
@@ -355,8 +374,9 @@ class MainWindow(QMainWindow):
         key = (self.model_path() if self.model_kind not in ("artifact", "onnx") else "any", text, speaker,
                self.seed.value(), astuple(params), self.device(), self.control_tokens.isChecked())
         return workers.SynthJob(self.model_path(), self.device(), self.checked_precisions(), text, speaker,
-                                self.seed.value(), params, self.dnsmos.isChecked(), self.ttfa.isChecked(),
-                                self.control_tokens.isChecked(), key=key)
+                                self.seed.value(), params, self.dnsmos.isChecked(), self.asr.isChecked(),
+                                self.ttfa.isChecked(), self.control_tokens.isChecked(),
+                                intelligibility=self.intelligibility, key=key)
 
     def synthesize(self) -> None:
         if self.busy():
@@ -615,6 +635,9 @@ class MainWindow(QMainWindow):
         self.top_k.setValue(int(s.value("top_k", 20)))
         self.max_steps.setValue(int(s.value("max_steps", 2048)))
         self.dnsmos.setChecked(s.value("dnsmos", "true") in (True, "true"))
+        self.asr.setChecked(s.value("asr", "true") in (True, "true"))
+        i = self.chart_axis.findData(s.value("chart_axis", QUALITY_AXES[0][1]))
+        self.chart_axis.setCurrentIndex(max(i, 0))
         self.ttfa.setChecked(s.value("ttfa", "true") in (True, "true"))
         self.control_tokens.setChecked(s.value("control_tokens", "false") in (True, "true"))
         if s.value("geometry") is not None:
@@ -637,6 +660,8 @@ class MainWindow(QMainWindow):
         for name in ("seed", "temperature", "top_p", "top_k", "max_steps"):
             s.setValue(name, getattr(self, name).value())
         s.setValue("dnsmos", self.dnsmos.isChecked())
+        s.setValue("asr", self.asr.isChecked())
+        s.setValue("chart_axis", self.chart_axis.currentData())
         s.setValue("ttfa", self.ttfa.isChecked())
         s.setValue("control_tokens", self.control_tokens.isChecked())
         s.setValue("geometry", self.saveGeometry())

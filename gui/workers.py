@@ -3,6 +3,7 @@
 `Worker(fn)` runs `fn(emit, should_stop)` in its own thread; `emit(kind, payload)` reaches the GUI thread as the
 `event` signal, and the outcome arrives as `done(result)`, `failed(message)` or `cancelled()`.
 `synthesize_precisions` is the Synthesize job: one result dict per precision, measured with the library API.
+`Intelligibility` holds the ASR (evaluation.asr) of a window's session, loaded once, on first use, in a worker.
 """
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import threading
 import time
 import traceback
 import warnings
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
@@ -118,10 +119,35 @@ class SynthJob:
     seed: int = 0
     params: object = None  # toolkit.SamplingParams
     dnsmos: bool = True
+    asr: bool = True  # WER/CER of each utterance against the text, by an offline ASR (the asr extra)
     time_to_first_audio: bool = True
     control_tokens: bool = False  # read [laugh], [uv_break], ... as controls, not as text
     reference: object = None  # an FP32 Utterance of the same sentence, from an earlier run
+    intelligibility: "Intelligibility | None" = None  # the window's ASR session; None: one for this job
     key: tuple = field(default_factory=tuple)
+
+
+class Intelligibility:
+    """The ASR of a session: a Transcriber made on first use (about 1 s to load, so once, not per utterance) in the
+    worker thread, then kept. When the asr extra is missing each use says so again (it may be installed meanwhile)."""
+
+    def __init__(self):
+        self._transcriber = None
+        self._lock = threading.Lock()  # loaded once even if two jobs ask at the same time
+
+    def transcriber(self):
+        """-> evaluation.asr.Transcriber; raises ASRUnavailable, naming the extra, when it is not installed."""
+        with self._lock:
+            if self._transcriber is None:
+                from evaluation import asr
+                self._transcriber = asr.Transcriber()
+            return self._transcriber
+
+    def score(self, text: str, wav, sr: int) -> tuple[str, object]:
+        """-> (what the ASR heard, evaluation.asr.ErrorCount against `text`)."""
+        from evaluation import asr, textnorm
+        heard = self.transcriber().transcribe(wav, sr, textnorm.language_of(text))
+        return heard, asr.errors(text, heard)
 
 
 def model_kind(path: str | None) -> tuple[str, str]:
@@ -201,6 +227,7 @@ def synthesize_precisions(job: SynthJob, emit, should_stop) -> list[dict]:
         emit("progress", ((i * phases + phase + frac) / total, label))
 
     same = dict(speaker=job.speaker, seed=job.seed, control_tokens=job.control_tokens)  # every call, every precision
+    asr = (job.intelligibility or Intelligibility()) if job.asr else None
     base = None
     reference = job.reference
     results = []
@@ -251,8 +278,10 @@ def synthesize_precisions(job: SynthJob, emit, should_stop) -> list[dict]:
                "duration_s": utt.duration, "steps": utt.steps, "hit_limit": utt.hit_limit,
                "timings": dict(utt.timings), "latency_s": latency, "rtf": latency / max(utt.duration, 1e-9),
                "time_to_first_audio_s": ttfa, "size_bytes": size, "peak_gpu_bytes": peak, "device": str(dev),
-               "mcd_db": None, "mcd_note": "", "dnsmos_ovrl": None, "dnsmos_note": ""}
+               "mcd_db": None, "mcd_note": "", "dnsmos_ovrl": None, "dnsmos_note": "",
+               "asr_rate": None, "asr": None, "asr_note": "", "asr_settings": None}
         _score(res, reference, job.dnsmos)
+        _score_asr(res, spoken_text(job), asr)
         if name == FP32:
             reference = utt
         results.append(res)
@@ -285,3 +314,29 @@ def _score(res: dict, reference, with_dnsmos: bool) -> None:
             res["dnsmos_note"] = str(e)
     else:
         res["dnsmos_note"] = "DNSMOS is off"
+
+
+def spoken_text(job: SynthJob) -> str:
+    """What the audio should say: the text typed, less the control tokens when they are read as controls."""
+    from toolkit.text import USER_CONTROL
+    return USER_CONTROL.sub(" ", job.text) if job.control_tokens else job.text
+
+
+def _score_asr(res: dict, text: str, asr: Intelligibility | None) -> None:
+    """The error rate (WER en, CER zh, MER mixed) of what the ASR heard against `text`, with the row in the shape of
+    `ttsq evaluate`'s per_sentence "asr" rows. Without the asr extra the value stays None and the note names it."""
+    from evaluation.asr import ASRUnavailable
+    if asr is None:
+        res["asr_note"] = "intelligibility (ASR) is off"
+        return
+    try:
+        heard, count = asr.score(text, res["wav"], res["sample_rate"])
+    except ASRUnavailable as e:
+        res["asr_note"] = str(e)
+        return
+    except (ValueError, RuntimeError, ImportError) as e:  # a clip the ASR cannot take is a note, not a failed run
+        res["asr_note"] = f"ASR failed: {type(e).__name__}: {e}"
+        return
+    res["asr_rate"] = count.rate
+    res["asr"] = {"heard": heard, **asdict(count)}
+    res["asr_settings"] = asr.transcriber().settings()

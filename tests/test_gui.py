@@ -33,6 +33,7 @@ def win(qtbot, tiny_dir, tmp_path):
     w.text.setPlainText("hello world.")
     w.max_steps.setValue(12)
     w.dnsmos.setChecked(False)
+    w.asr.setChecked(False)  # the ASR takes 1-2 s an utterance here: on only where a test looks at it
     w.set_precisions(["fp32"])
     w.show()
     yield w
@@ -43,8 +44,13 @@ def _wait_idle(qtbot, w):
     qtbot.waitUntil(lambda: not w.busy(), timeout=WAIT)
 
 
+def _cell(win, row: int, column: str):
+    return win.table.item(row, win.table.COLUMNS.index(column))
+
+
 def test_synthesize_two_precisions_table_chart_playback(qtbot, win, tmp_path):
     win.set_precisions(["fp32", "int8"])
+    win.asr.setChecked(True)
     assert win.checked_precisions() == ["fp32", "int8"]
     assert not win.precision_list.item(list(__import__("toolkit.precision.recipes", fromlist=["RECIPES"]).RECIPES)
                                        .index("fp8")).flags() & Qt.ItemIsEnabled  # fp8 is greyed on the CPU
@@ -54,9 +60,30 @@ def test_synthesize_two_precisions_table_chart_playback(qtbot, win, tmp_path):
     assert win.error_box is None, win.error_box.text()
     assert win.table.rowCount() == 2
     assert [win.table.item(r, 0).text() for r in range(2)] == ["fp32", "int8"]
-    assert win.table.item(0, 4).text() == "0.00" and win.table.item(1, 4).text() != "–"  # MCD vs FP32
+    assert _cell(win, 0, "MCD vs FP32 dB").text() == "0.00" and _cell(win, 1, "MCD vs FP32 dB").text() != "–"
+    # intelligibility: a number (the tiny model speaks noise, so any value), and what the ASR heard in the tooltip
+    assert win.table.COLUMNS.index("WER/CER") < win.table.COLUMNS.index("MCD vs FP32 dB")
+    for row, name in enumerate(["fp32", "int8"]):
+        r = win.results[name]
+        assert float(_cell(win, row, "WER/CER").text()) == pytest.approx(r["asr_rate"], abs=0.005)
+        tip = _cell(win, row, "WER/CER").toolTip()
+        heard = r["asr"]["heard"]
+        assert (f"the ASR heard: \u201c{heard}\u201d" if heard else "the ASR heard nothing") in tip, tip
+        assert f"{r['asr']['sub']} sub, {r['asr']['dele']} del, {r['asr']['ins']} ins of 2 words" in tip, tip
+        assert r["asr"]["language"] == "en" and r["asr"]["ref_tokens"] == 2  # "hello world."
+    # the chart plots the chosen quality axis against RTF: WER/CER by default, then MCD, then DNSMOS (off: none)
     assert set(win.chart.points) == {"fp32", "int8"}
     assert sum(s.count() for s in win.chart.series.values()) == 2
+    ys = {n: win.chart.series[n].at(0).y() for n in win.chart.series}
+    assert ys == pytest.approx({n: win.results[n]["asr_rate"] for n in ys})
+    win.chart_axis.setCurrentText("MCD vs FP32")
+    assert {n: win.chart.series[n].at(0).y() for n in win.chart.series} == pytest.approx(
+        {n: win.results[n]["mcd_db"] for n in ys})
+    assert "MCD" in win.chart.ax_y.titleText()
+    win.chart_axis.setCurrentText("DNSMOS")
+    assert not win.chart.points and not any(s.count() for s in win.chart.series.values())
+    win.chart_axis.setCurrentText("WER/CER")
+    assert {n: win.chart.series[n].at(0).y() for n in win.chart.series} == pytest.approx(ys)
     assert win.tabs.count() == 2 and win.progress.value() == 1000
     r = win.results["int8"]
     assert r["wav"].size > 0 and r["time_to_first_audio_s"] > 0 and r["size_bytes"] > 0
@@ -78,7 +105,34 @@ def test_synthesize_two_precisions_table_chart_playback(qtbot, win, tmp_path):
     rep = json.loads((tmp_path / "report" / "report.json").read_text())
     assert rep["schema"] == "ttsq-eval/1" and set(rep["precisions"]) == {"fp32", "int8"}
     assert rep["noise_floor"]["dtw_mcd_db"] is not None
-    assert (tmp_path / "report" / "report.md").is_file()
+    for name in ("fp32", "int8"):  # the ASR rows in the shape of ttsq evaluate's per_sentence rows
+        row = rep["precisions"][name]["per_sentence"]["gui-001"]["asr"]
+        assert row == [win.results[name]["asr"]] and set(row[0]) == {"heard", "ref_tokens", "sub", "dele", "ins",
+                                                                     "language"}
+        assert rep["precisions"][name]["end_to_end"]["intelligibility"]["wer"]["n"] == 1
+    assert rep["asr"]["model"] == "whisper-base" and "asr_gap_vs_fp32" in rep["precisions"]["int8"]
+    assert "WER en" in (tmp_path / "report" / "report.md").read_text()
+    assert "What the ASR heard" in (tmp_path / "report" / "report.html").read_text()
+
+
+def test_without_the_asr_extra(qtbot, win, tmp_path, monkeypatch):
+    """No asr extra: the WER/CER cell shows "–" with a tooltip naming the extra, and the run and its report go on."""
+    from evaluation import asr
+
+    def missing(*_a, **_k):
+        raise asr.ASRUnavailable(asr.MISSING_EXTRA)
+    monkeypatch.setattr(asr, "Transcriber", missing)
+    win.asr.setChecked(True)
+    win.synthesize()
+    _wait_idle(qtbot, win)
+    assert win.error_box is None, win.error_box.text()
+    cell = _cell(win, 0, "WER/CER")
+    assert cell.text() == "–" and "pip install -e '.[asr]'" in cell.toolTip()
+    assert not win.chart.points  # nothing to plot on the WER/CER axis
+    win.save_report(str(tmp_path / "report"))
+    _wait_idle(qtbot, win)
+    assert win.error_box is None, win.error_box.text()
+    assert "Intelligibility not scored" in (tmp_path / "report" / "report.md").read_text()
 
 
 def test_no_output_device_offers_save(qtbot, win, monkeypatch):
@@ -190,12 +244,17 @@ def test_settings_persist(qtbot, tiny_dir, tmp_path):
     qtbot.addWidget(w)
     w.set_precisions(["fp32", "bf16"])
     w.seed.setValue(7)
+    assert w.asr.isChecked() and w.chart_axis.currentText() == "WER/CER"  # the defaults
+    w.asr.setChecked(False)
+    w.chart_axis.setCurrentText("DNSMOS")
     w.text.setPlainText("persist me")
     w.close()
     w2 = MainWindow(QSettings(str(tmp_path / "gui.ini"), QSettings.IniFormat))
     qtbot.addWidget(w2)
     assert w2.checked_precisions() == ["fp32", "bf16"] and w2.seed.value() == 7
     assert w2.text.toPlainText() == "persist me" and w2.model_path() == str(tiny_dir)
+    assert not w2.asr.isChecked() and w2.chart_axis.currentText() == "DNSMOS"
+    assert "DNSMOS" in w2.chart.ax_y.titleText()
 
 
 def test_quantize_dialog_writes_artifact(qtbot, win, tiny_dir, tmp_path):
@@ -234,7 +293,7 @@ def test_screenshots_under_xvfb(tiny_dir, tmp_path):
     try:
         env = dict(os.environ, DISPLAY=display, QT_QPA_PLATFORM="xcb", XDG_CONFIG_HOME=str(tmp_path))
         r = subprocess.run([sys.executable, "-m", "gui.screenshots", str(out), "--model", str(tiny_dir),
-                            "--precisions", "fp32", "bf16", "--max-steps", "10"], cwd=ROOT, env=env,
+                            "--precisions", "fp32", "bf16", "--max-steps", "10", "--no-asr"], cwd=ROOT, env=env,
                            capture_output=True, text=True, timeout=120)
         assert r.returncode == 0, r.stderr[-3000:]
     finally:
