@@ -272,14 +272,26 @@ def test_vocos_on_decoder_pairs_the_decoders_mels_with_their_own_audio(tmp_path,
 @pytest.mark.skipif(not (SHIPPED / "manifest.json").is_file(), reason="no shipped voice")
 def test_gap_scores_each_stage_against_the_real_audio(codes_pcm_corpus, tmp_path):
     """toolkit.voice.gap on the shipped voice: with the true codes (teacher forced) the Decoder's audio is far closer
-    to the real audio than free-running synthesis is, and every stage gets a DNSMOS on the 1-5 scale."""
+    to the real audio than free-running synthesis is, every stage gets a DNSMOS on the 1-5 scale, and, first in the
+    JSON, every stage's error rate (what the ASR heard against the text) with a CI."""
     import json
 
-    from toolkit.voice.gap import main
+    from toolkit.voice.gap import STAGES, main
 
     res = main(["--corpus", str(codes_pcm_corpus), "--n", "3", "--json", str(tmp_path / "gap.json")])
     assert res["utterances"] == 3
-    assert set(res["dnsmos_ovrl"]) == {"real", "copy", "teacher_forced", "free_running"}
+    stages = {"real", "copy", "codec", "teacher_forced", "free_running"}
+    assert set(STAGES) == stages and set(res["dnsmos_ovrl"]) == stages
+    assert list(res).index("intelligibility") < list(res).index("dnsmos_ovrl")  # WER first, then DNSMOS and MCD
+    assert set(res["intelligibility"]) == stages and res["asr"]["model"] == "whisper-base"
+    langs = {it["lang"] for it in res["per_utterance"]}
+    for stage, rates in res["intelligibility"].items():
+        assert sum(c["n"] for c in rates.values()) == 3 and all(0 <= c["lo"] <= c["mean"] <= c["hi"]
+                                                                   for c in rates.values()), (stage, rates)
+        assert set(rates) <= {"wer", "cer", "mer"} and len(rates) >= len(langs - {"mixed"}) > 0
+    assert {"teacher_forced - codec", "free_running - teacher_forced"} <= set(res["wer_steps"])
+    assert all(set(r) >= stages | {"text"} and isinstance(r["real"]["heard"], str) for r in res["per_utterance"])
+    assert set(res["mcd_db"]) == {"codec", "teacher_forced", "free_running"}
     assert all(1.0 <= v[0] <= 5.0 for v in res["dnsmos_ovrl"].values())
     assert res["mcd_db"]["teacher_forced"][0] < res["mcd_db"]["free_running"][0] - 2.0, res["mcd_db"]
     voices = res["dnsmos_ovrl_by_voice"]  # the same stages voice by voice: its rows average to the totals
@@ -387,6 +399,13 @@ def test_measure_scores_held_out_sentences_and_the_vocoders_ceiling(tmp_path, ca
     res = main(["--corpus", str(tmp_path / "corpus"), "--n", "2", "--max-new-tokens", "300", "--dnsmos", "2",
                 "--json", str(tmp_path / "m.json")])
     assert res["sentences"] == 2 and (tmp_path / "m.json").is_file()
+    saved = json.loads((tmp_path / "m.json").read_text())  # intelligibility first: WER/CER of each reading, with CIs
+    assert list(saved)[1] == "intelligibility" and saved["asr"]["model"] == "whisper-base"
+    assert set(saved["intelligibility"]) == {"synth", "reference", "vocoded_reference"}
+    for reading, rates in saved["intelligibility"].items():
+        assert sum(c["n"] for c in rates.values()) == 2 and set(rates) <= {"wer", "cer", "mer"}, (reading, rates)
+        assert all(0 <= c["lo"] <= c["mean"] <= c["hi"] for c in rates.values()), (reading, rates)
+    assert all(isinstance(r["asr"]["heard"], str) and r["asr"]["ref_tokens"] > 0 for r in saved["per_sentence"])
     for key in ("dnsmos_ovrl_synth", "dnsmos_ovrl_reference", "dnsmos_ovrl_vocoded_reference"):
         assert 1.0 <= res[key][0] <= 5.0, (key, res[key])  # (mean, lo, hi)
     assert res["mcd_db_vocoded_reference"][0] < res["mcd_db"][0], res
@@ -403,8 +422,8 @@ def test_measure_scores_held_out_sentences_and_the_vocoders_ceiling(tmp_path, ca
         assert {v: row["n"] for v, row in table.items()} == {v: row["n"] for v, row in voices.items()}, part
         assert all(1.0 <= row[k] <= 5.0 for row in table.values() for k in ("reference", "synth")), table
         assert table != voices, part
-    alone = main(["--corpus", str(tmp_path / "corpus"), "--n", "2", "--dnsmos", "2", "--vocoder-only"])
-    assert "mcd_db" not in alone and "dnsmos_ovrl_synth" not in alone  # no GPT ran
+    alone = main(["--corpus", str(tmp_path / "corpus"), "--n", "2", "--dnsmos", "2", "--vocoder-only", "--no-asr"])
+    assert "mcd_db" not in alone and "intelligibility" not in alone and "dnsmos_ovrl_synth" not in alone  # no GPT ran
     for key in ("dnsmos_ovrl_reference", "dnsmos_ovrl_vocoded_reference", "mcd_db_vocoded_reference"):
         assert alone[key] == res[key], key
     for part in ("ovrl", "sig", "bak"):
@@ -414,7 +433,8 @@ def test_measure_scores_held_out_sentences_and_the_vocoders_ceiling(tmp_path, ca
     own = [json.loads(line)["speaker"] for line in open(tmp_path / "corpus" / "meta.jsonl", encoding="utf-8")][:3]
     assert set(own) != {default}, own  # else the next run would prove nothing
     one = main(["--corpus", str(tmp_path / "corpus"), "--n", "3", "--max-new-tokens", "300", "--dnsmos", "3",
-                "--speaker", "default", "--repetition-penalty", "1.0"])  # as `ttsq synth` without --speaker speaks
+                "--speaker", "default", "--repetition-penalty", "1.0",
+                "--no-asr"])  # as `ttsq synth` without --speaker speaks
     assert [r["speaker"] for r in one["per_sentence"]] == [default] * 3 and one["settings"]["speaker"] == default
     assert one["settings"]["sampling"] == {"ChatTTS defaults, except": {"repetition_penalty": 1.0}}
     assert one["speaker_distance_synth"] is None and 1.0 <= one["dnsmos_ovrl_synth"][0] <= 5.0
@@ -606,6 +626,14 @@ def test_paired_comparison_of_two_measure_results(tmp_path):
     mean, lo, hi = res["dnsmos_ovrl"]
     assert mean == pytest.approx(0.1 + 0.01 * 9) and 0.1 < lo < mean < hi < 0.28  # differences span 0.10-0.28
     assert res["mcd_db"][0] == pytest.approx(-0.2) and res["duration_ratio"][0] == pytest.approx(0.0)
+    assert "asr_rate" not in res  # neither result was transcribed
+    def asr(errors):
+        return {"heard": "", "ref_tokens": 10, "sub": errors, "dele": 0, "ins": 0, "language": "en",
+                "rate": errors / 10}
+    for name, rows, errors in (("base", base, 5), ("new", new, 2)):  # the new model drops 3 of 10 words fewer
+        (tmp_path / f"{name}.json").write_text(json.dumps({"per_sentence": [{**r, "asr": asr(errors)} for r in rows]}))
+    wer = main(["--paired", str(tmp_path / "base.json"), str(tmp_path / "new.json")])["asr_rate"]
+    assert set(wer) == {"wer"} and wer["wer"]["n"] == 19 and wer["wer"]["mean"] == pytest.approx(-0.3)
     (tmp_path / "other.json").write_text(json.dumps({"per_sentence": [{**base[0], "id": "zz"}]}))
     with pytest.raises(SystemExit, match="no sentence is in both"):
         main(["--paired", str(tmp_path / "base.json"), str(tmp_path / "other.json")])

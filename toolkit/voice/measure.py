@@ -4,7 +4,10 @@
         [--json docs/voice/measure.json] [--pictures docs/voice]
     python -m toolkit.voice.measure --paired BASE.json NEW.json    # NEW - BASE, sentence by sentence
 
-Figures: mean DTW-MCD vs the espeak reference (ESPnet settings, evaluation.metrics.mcd) with a bootstrap CI;
+Figures, intelligibility first: the pooled error rate (English WER, Mandarin CER, mixed MER; evaluation.asr, Whisper
+base unless --asr-model, one Transcriber per run) of what an offline ASR hears in the synthesized audio, in the espeak
+reference and in the vocoded reference, each with a bootstrap CI (--no-asr skips it; --paired then compares the
+rates too). Then mean DTW-MCD vs the espeak reference (ESPnet settings, evaluation.metrics.mcd) with a bootstrap CI;
 the duration ratio synthesized/reference and the share within +-25%; DNSMOS overall (synthesized and reference);
 DNSMOS and MCD of each reference resynthesised by the model's vocoder from its log-mel (the vocoder's ceiling);
 the share of sentences that reached EOS; between- vs within-speaker spectral distance (mean log-mel
@@ -32,6 +35,40 @@ def heldout(corpus: Path, n: int) -> tuple[list[dict], list[np.ndarray]]:
     items = [json.loads(line) for line in open(corpus / "meta.jsonl", encoding="utf-8")]
     items = [it for it in items if it["split"] == "heldout"][:n]
     return items, [sf.read(corpus / "heldout" / f"{it['id']}.wav", dtype="float32")[0] for it in items]
+
+
+def load_transcriber(asr_model=None):
+    """The ASR of a run (one per run: loading it takes seconds), or None with a message when its extra is missing
+    and no --asr-model was asked for."""
+    import sys
+
+    from evaluation import asr
+
+    try:
+        return asr.Transcriber(asr_model)
+    except asr.ASRUnavailable as e:
+        if asr_model:
+            raise
+        print(f"intelligibility not scored: {e}", file=sys.stderr)
+        return None
+
+
+def transcribe_all(transcriber, items: list[dict], wavs: list[np.ndarray], sr: int = 24000) -> list[tuple]:
+    """[(what the ASR heard, its ErrorCount against the item's text)] for each 24 kHz clip; the language to decode is
+    the text's own (textnorm.language_of)."""
+    from evaluation import asr, textnorm
+
+    out = []
+    for it, w in zip(items, wavs, strict=True):
+        heard = transcriber.transcribe(w, sr, textnorm.language_of(it["text"])) if len(w) else ""
+        out.append((heard, asr.errors(it["text"], heard)))
+    return out
+
+
+def asr_row(heard: str, count) -> dict:
+    """One clip's transcript and edit counts, as a per-sentence row keeps them (and --paired reads them back)."""
+    return {"heard": heard, "ref_tokens": count.ref_tokens, "sub": count.sub, "dele": count.dele, "ins": count.ins,
+            "language": count.language, "rate": count.rate}
 
 
 def share_within_25pct(ratios) -> float:
@@ -174,6 +211,15 @@ def paired(base: dict, new: dict) -> dict:
         if both:
             b, n = np.array(both).T
             out[key] = bootstrap_diff_ci(n, b)
+    asr_pairs = [(b["asr"], n["asr"]) for b, n in pairs if b.get("asr") and n.get("asr")]
+    if asr_pairs:  # pooled error rate NEW - BASE by language, paired sentence by sentence
+        from evaluation.asr import METRIC_NAME, ErrorCount, rate_diff_ci
+
+        def count(r):
+            return ErrorCount(r["ref_tokens"], r["sub"], r["dele"], r["ins"], r["language"])
+        out["asr_rate"] = {name: rate_diff_ci([count(n) for b, n in asr_pairs if n["language"] == lang],
+                                              [count(b) for b, n in asr_pairs if n["language"] == lang])
+                           for lang, name in METRIC_NAME.items() if any(n["language"] == lang for _, n in asr_pairs)}
     return out
 
 
@@ -196,6 +242,8 @@ def main(argv=None):
                          "without --speaker); its MCD is then against another speaker's reference where they differ")
     ap.add_argument("--vocoder-only", action="store_true",
                     help="only the copy-synthesis figures (the vocoder on the references' log-mels): no GPT")
+    ap.add_argument("--no-asr", action="store_true", help="skip the intelligibility (WER/CER) figures: faster")
+    ap.add_argument("--asr-model", default=None, help="a CTranslate2 Whisper folder (default: Whisper base)")
     ap.add_argument("--paired", type=Path, nargs=2, metavar=("BASE", "NEW"), default=None,
                     help="compare two --json results sentence by sentence (NEW - BASE) and stop; no --corpus needed")
     a = ap.parse_args(argv)
@@ -215,6 +263,7 @@ def main(argv=None):
     from ..synthesizer import Synthesizer
 
     items, refs = heldout(a.corpus, a.n)
+    transcriber = None if a.no_asr else load_transcriber(a.asr_model)
     syn = Synthesizer(a.model, device=a.device)
     forced = syn.model.default_voice if a.speaker == "default" else a.speaker
     if forced is not None:
@@ -231,13 +280,21 @@ def main(argv=None):
     sc_ref = [dnsmos_scores(r) for r in refs[:k]]
     sc_voc = [dnsmos_scores(v) for v in vocoded[:k]]
     dn_ref, dn_voc = ([s["ovrl"] for s in sc] for sc in (sc_ref, sc_voc))
-    res: dict[str, object] = {
-        "sentences": len(items),
+    res: dict[str, object] = {"sentences": len(items)}
+    heard: dict[str, list[tuple]] = {}
+    if transcriber is not None:  # intelligibility first: the references' and the vocoder's here, the synthesis' below
+        from evaluation.asr import by_language
+
+        heard = {"reference": transcribe_all(transcriber, items, refs),
+                 "vocoded_reference": transcribe_all(transcriber, items, vocoded)}
+        res["intelligibility"] = {k: by_language([c for _, c in v]) for k, v in heard.items()}
+        res["asr"] = transcriber.settings()
+    res.update({
         "mcd_settings": MCD_SETTINGS,
         "dnsmos_ovrl_reference": bootstrap_ci(dn_ref),
         "dnsmos_ovrl_vocoded_reference": bootstrap_ci(dn_voc),
         "mcd_db_vocoded_reference": bootstrap_ci([mcd(r, v, 24000, align="dtw").value_db for r, v in zip(refs, vocoded)]),
-    }
+    })
     if a.vocoder_only:
         res.update(dnsmos_tables(items, reference=sc_ref, vocoded_reference=sc_voc))
         return report(res, a)
@@ -260,6 +317,11 @@ def main(argv=None):
         eos.append(not out[it["id"]].hit_limit)
         mcds.append(dtw_mcd(r, w))
     mcd_ok = scored(mcds)
+    if transcriber is not None:
+        from evaluation.asr import by_language
+
+        heard["synth"] = transcribe_all(transcriber, items, wavs)
+        res["intelligibility"] = {"synth": by_language([c for _, c in heard["synth"]]), **res["intelligibility"]}
     sc_syn = [dnsmos_scores(w) for w in wavs[:k]]
     dn_syn = [s["ovrl"] for s in sc_syn]
     res.update({
@@ -283,7 +345,9 @@ def main(argv=None):
     res["per_sentence"] = [{"id": it["id"], "text": it["text"], "lang": it["lang"], "speaker": voice[it["id"]],
                             "mcd_db": finite(mcds[i]),
                             "dnsmos_ovrl": finite(dn_syn[i]) if i < k else None, "duration_ratio": ratios[i],
-                            "eos": eos[i]} for i, it in enumerate(items)]
+                            "eos": eos[i],
+                            **({"asr": asr_row(*heard["synth"][i])} if "synth" in heard else {})}
+                           for i, it in enumerate(items)]
     for lang in ("en", "zh"):
         sel = [i for i, it in enumerate(items) if it["lang"] == lang]
         m = [mcds[i] for i in sel if np.isfinite(mcds[i])]
