@@ -544,7 +544,18 @@ def code_loss(logits: Tensor, target: Tensor, eos_code: int, eos_weight: float =
     return (ce * weight).sum() / weight.sum()
 
 
-def build_batch(gpt: GPT, spk_table: nn.Parameter, data: Data, codes: list[Tensor], idx, spk_id: int, device):
+def corrupt_codes(cod: Tensor, is_audio: Tensor, p: float, vocab: int) -> Tensor:
+    """Input codes (B, L, Q) with each audio position's code replaced, with probability p, by a random non-EOS code:
+    the GPT cannot predict the next code from the previous ones alone and must read the text (free-running
+    generation feeds it its own imperfect codes). Targets are left as they are."""
+    if p <= 0:
+        return cod
+    hit = (torch.rand(cod.shape, device=cod.device) < p) & is_audio[..., None]
+    return torch.where(hit, torch.randint_like(cod, 0, vocab - 1), cod)
+
+
+def build_batch(gpt: GPT, spk_table: nn.Parameter, data: Data, codes: list[Tensor], idx, spk_id: int, device,
+                code_noise: float = 0.0):
     Q, eos = gpt.cfg.num_vq, gpt.cfg.eos_code
     T = torch.tensor([len(data.prompt(i)) for i in idx])
     N = torch.tensor([len(codes[i]) for i in idx])
@@ -562,6 +573,7 @@ def build_batch(gpt: GPT, spk_table: nn.Parameter, data: Data, codes: list[Tenso
         tgt[b, t - 1: t - 1 + n] = codes[i]
         tgt[b, t - 1 + n] = eos
     ids, cod, is_text, tgt = ids.to(device), cod.to(device), is_text.to(device), tgt.to(device)
+    cod = corrupt_codes(cod, ~is_text, code_noise, gpt.cfg.num_audio_tokens)
     x = gpt.embed(torch.where(is_text[..., None], ids[..., None].expand(-1, -1, Q), cod), is_text)
     spk = spk_table[torch.as_tensor([int(data.spk[i]) for i in idx], device=device)]
     x = apply_speaker(x, ids == spk_id, spk)
@@ -678,7 +690,7 @@ def train_gpt(cfg: ModelConfig, data: Data, codes: list[Tensor], args, device, l
         idx = order[lo: lo + B]
         set_lr(lr_at(step, frac, args.gpt_lr, 300 if prev else 800), opt, opt_d)
         with autocast(device), torch.set_grad_enabled(not args.freeze_gpt):
-            x, tgt, T, N, L = build_batch(gpt, spk_table, data, codes, idx, spk_id, device)
+            x, tgt, T, N, L = build_batch(gpt, spk_table, data, codes, idx, spk_id, device, args.code_noise)
             valid = torch.arange(L, device=device)[None] < (T + N)[:, None]
             h = gpt.forward_full(x, valid)
             sel = tgt[..., 0] != -100
@@ -879,6 +891,9 @@ def main(argv=None):
     ap.add_argument("--gpt-batch", type=int, default=64)
     ap.add_argument("--gpt-tokens", type=int, default=24000, help="token budget per GPT batch")
     ap.add_argument("--mel-weight", type=float, default=1.0)
+    ap.add_argument("--code-noise", type=float, default=0.0,
+                    help="gpt stage: replace this share of the input audio codes by random ones (targets kept), so "
+                         "that the GPT reads the text instead of continuing its own codes")
     ap.add_argument("--guided", type=float, default=1.0, help="guided-attention loss weight")
     ap.add_argument("--eos-weight", type=float, default=1.0, help="weight of the EOS target in the code loss")
     ap.add_argument("--log-every", type=int, default=50)
