@@ -1,6 +1,7 @@
 # Two commands do everything on a fresh Debian machine:
 #   make demo   set up, then quantize the shipped voice and compare precisions (prints a table)
 #   make test   set up, then run the test suite
+#   make test-determinism   the tests that train, under 1 and 2 threads and a shifted seed (.ci/determinism)
 SHELL := /bin/bash
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -16,7 +17,7 @@ DEB_PACKAGES += libegl1 libfontconfig1 libdbus-1-3 libxkbcommon0 libxkbcommon-x1
 EXTRAS ?= eval,asr,edge,dev,gui,voicelab
 OUT ?= out/demo
 
-.PHONY: setup demo test clean
+.PHONY: setup demo test test-determinism clean
 
 # the Makefile as a prerequisite: a package added to DEB_PACKAGES is installed on an existing checkout too
 $(VENV)/.deb-stamp: Makefile
@@ -42,6 +43,9 @@ demo: setup
 
 test: setup
 	bash .ci/test
+
+test-determinism: setup
+	bash .ci/determinism
 
 clean:
 	rm -rf $(VENV) out

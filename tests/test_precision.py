@@ -60,6 +60,7 @@ def test_error_order_and_sizes(reports):
     assert any(n.startswith("gpt.layers.0.attention") for n in q.quantize)
 
 
+@pytest.mark.trains
 def test_calibration_beats_round_to_nearest(base, calib):
     """Same model, same int4 recipe: AWQ scaling + keeping the 3 most sensitive layers vs plain RTN."""
     rtn, cal = copy.deepcopy(base), copy.deepcopy(base)
@@ -71,6 +72,7 @@ def test_calibration_beats_round_to_nearest(base, calib):
     assert sum(tuned.errors.values()) < 0.9 * sum(plain.errors.values())
 
 
+@pytest.mark.trains
 def test_clipping_search_lowers_the_layer_error_and_restores_kept_layers(base, calib):
     """AWQ's int4 range search on heavy-tailed weights: the searched clip quantizes closer than min/max."""
     from toolkit.precision.calibration import clip_weights, fake_quant_weight, search_clipping

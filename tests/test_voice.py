@@ -73,13 +73,14 @@ def test_quantiser_matches_gfsq_decoder():
 
 
 @needs_espeak
+@pytest.mark.trains
 def test_smoke_training_writes_a_checkpoint_that_synthesizes(tmp_path):
     from toolkit.synthesizer import Synthesizer, load_model
     from toolkit.voice.train import main
 
-    t0 = time.time()
+    t0 = time.process_time()  # this process's CPU time: other load on the machine does not count
     main(["--smoke", "--out", str(tmp_path / "run"), "--export", str(tmp_path / "model")])
-    assert time.time() - t0 < 60
+    assert time.process_time() - t0 < 60  # about 21 s on a 2-core CPU
     model = load_model(tmp_path / "model")
     assert model.frontend == "espeak" and len(model.voices) >= 4
     from toolkit.sampling import SamplingParams
@@ -90,6 +91,7 @@ def test_smoke_training_writes_a_checkpoint_that_synthesizes(tmp_path):
 
 
 @needs_espeak
+@pytest.mark.trains
 def test_decoder_of_a_new_width_trains_from_scratch_and_exports(tmp_path):
     """--decoder-hidden on a resumed run: the GPT and speaker table carry over, the Decoder starts anew at the new
     width, and the export (and every later reader of the run) takes the width from the checkpoint."""
@@ -136,6 +138,7 @@ def test_shipped_voice_speaks_english_and_mandarin():
 
 @needs_espeak
 @pytest.mark.skipif(not (SHIPPED / "manifest.json").is_file(), reason="no shipped voice")
+@pytest.mark.trains
 def test_gpt_resumes_from_the_shipped_voice_on_a_codes_pack(tmp_path):
     """The path of the next voice run: a corpus that stores the voice's DVAE codes (not mels), checkpoints rebuilt
     from the shipped voice, and GPT training that resumes from them with mel targets decoded from the codes."""
@@ -186,6 +189,7 @@ def test_gpt_resumes_from_the_shipped_voice_on_a_codes_pack(tmp_path):
 @pytest.mark.parametrize("detail", [[], ["--decoder-stft", "1.0", "--log-every", "1"],
                                     ["--decoder-gan", "0.1", "--decoder-gan-windows", "2", "--log-every", "1"]],
                          ids=["mel-l1", "stft", "gan"])
+@pytest.mark.trains
 def test_freeze_gpt_trains_the_decoder_alone_on_real_mels(tmp_path, detail):
     """corpus --keep-mels stores the real mels beside the codes, frame for frame; train --freeze-gpt then moves the
     Decoder towards them and leaves the GPT and the speaker table exactly as they were. With --decoder-stft the
@@ -233,6 +237,7 @@ def codes_pcm_corpus(tmp_path_factory) -> Path:
 
 @needs_espeak
 @pytest.mark.skipif(not (SHIPPED / "manifest.json").is_file(), reason="no shipped voice")
+@pytest.mark.trains
 def test_vocos_on_decoder_pairs_the_decoders_mels_with_their_own_audio(tmp_path, codes_pcm_corpus):
     """A codes pack with PCM: the teacher-forced Decoder's mel of each utterance lines up with that utterance's real
     log-mel (closer than the same mel shifted by one frame either way), and the vocoder stage trains on those pairs."""
@@ -330,6 +335,7 @@ def test_alignment_check_reads_along_the_text_on_a_training_sentence(tmp_path):
     assert all(0 <= r["off_diagonal_mass"] <= 1 for r in rows.values())
 
 
+@pytest.mark.trains
 def test_export_takes_a_decoder_trained_apart_and_stores_fp16(tmp_path):
     """--decoder-from (the Decoder a GPU run sends back alone, in fp16) replaces the run's own in the export, and
     --export-fp16 stores every weight in fp16: the model loads them back as fp32, equal to the fp16-rounded ones."""
@@ -457,36 +463,59 @@ def test_a_clip_too_short_for_dnsmos_scores_nan_and_is_left_out_of_the_voice_tab
         assert tables[f"dnsmos_{part}_by_voice"]["en f4"] == {"n": 2, "synth": noise[part]}
 
 
-def fit_and_check_discriminators(disc, batch, length: int, window: int) -> None:
-    """25 hinge-loss steps on windows of the first half of a sentence (batch(offsets) -> (real, degraded)); then
-    every discriminator scores unseen windows of the second half above their degraded copies, and the generator's
-    losses reach the degraded input."""
+def fit_and_check_discriminators(disc, batch, length: int, window: int, *, steps: int, speech, separating: list[int],
+                                 min_margin: float) -> list[tuple]:
+    """`steps` hinge-loss steps on windows of the first half of a sentence (batch(offsets) -> (real, degraded)); then
+    on the unseen windows of the second half that hold speech (speech(offset) -> bool) each discriminator named in
+    `separating` scores the real windows above their degraded copies by more than min_margin on average, and ranks
+    the real one above at 75% or more of their paired patches (chance: 50%). Every weight of every discriminator got
+    a finite gradient (a last bias may get none: the hinge's real and fake terms cancel there), and the generator's
+    losses reach the degraded input. -> per discriminator: (its margin in
+    each held-out window, the share of paired patches it ranks right).
+
+    The thresholds hold by a wide margin under 1 and 2 threads and other seeds (.ci/determinism): a few training
+    steps give results that differ in the last bits between thread counts and CPUs, and a comparison by a hair (25
+    steps once scored (0.1109, 0.1117)) then passes on one machine and fails on another."""
     import torch
 
     opt = torch.optim.AdamW(disc.parameters(), lr=1e-3, betas=(0.8, 0.9))
     half = length // 2
     g = torch.Generator().manual_seed(0)
-    for _ in range(25):
+    for _ in range(steps):
         real, fake = batch(torch.randint(0, half - window, (4,), generator=g).tolist())
         loss = disc.loss(real, fake)
         opt.zero_grad()
         loss.backward()
         opt.step()
-    real, fake = batch(torch.randint(half, length - window, (4,), generator=g).tolist())
+    assert all(p.grad is not None and torch.isfinite(p.grad).all() and (p.grad.abs().sum() > 0 or name.endswith("bias"))
+               for name, p in disc.named_parameters())  # the hinge loss reaches every weight of every discriminator
+    held_out = [o for o in range(half, length - window + 1, window // 2) if speech(o)]
+    assert len(held_out) >= 6, held_out
+    real, fake = batch(held_out)
     with torch.no_grad():
-        scores = [(r.mean().item(), f.mean().item()) for (r, _), (f, _) in zip(disc(real), disc(fake))]
-    assert all(r > f for r, f in scores), scores
+        scored = [(r, f) for (r, _), (f, _) in zip(disc(real), disc(fake))]
+    result = [(r.mean(1) - f.mean(1), float((r > f).float().mean())) for r, f in scored]
+    for i in separating:
+        margins, ranked = result[i]
+        assert float(margins.mean()) > min_margin and ranked >= 0.75, (i, margins.tolist(), ranked)
     fake.requires_grad_(True)
     adv, fm = disc.generator_loss(real, fake)
     (adv + fm).backward()
     assert torch.isfinite(adv) and fm > 0 and fake.grad.abs().sum() > 0
+    return result
 
 
 @needs_espeak
+@pytest.mark.trains
 def test_discriminators_learn_to_tell_speech_from_a_degraded_copy():
-    """A few hinge-loss steps on espeak speech against the same speech with its fine structure smeared: the
-    discriminators then score unseen real segments above their degraded copies, and the generator's losses
-    reach its input."""
+    """25 hinge-loss steps on espeak speech against the same speech with its fine structure smeared: the resolution
+    discriminator then scores unseen speech segments above their degraded copies, by a clear margin (0.25; 0.6 to
+    1.7 across seeds and thread counts), and the hinge and generator losses reach every discriminator and the input.
+
+    The period discriminators learn too, but far too slowly for a test to compare them after a few steps: at
+    PyTorch's default init each of their layers shrinks its input about twofold, so their logits hardly depend on the
+    waveform (about 1e-3 of the logit) and, 25 to 50 steps on, real and degraded differ by 0.000 to 0.08 and flip
+    order with the seed and the thread count. That was the flaky comparison."""
     import torch
     import torch.nn.functional as F
 
@@ -502,14 +531,18 @@ def test_discriminators_learn_to_tell_speech_from_a_degraded_copy():
         fake = F.avg_pool1d(real[:, None], 5, 1, 2)[:, 0] + 0.003 * torch.randn_like(real)  # muffled, hissy
         return real, fake
 
-    fit_and_check_discriminators(Discriminators(periods=(2, 3), resolutions=((512, 128),)), batch, len(wav), seg)
+    disc = Discriminators(periods=(2, 3), resolutions=((512, 128),))
+    fit_and_check_discriminators(disc, batch, len(wav), seg, steps=25, separating=[2], min_margin=0.25,
+                                 speech=lambda o: float(wav[o: o + seg].pow(2).mean().sqrt()) > 0.02)
 
 
 @needs_espeak
+@pytest.mark.trains
 def test_mel_discriminators_learn_to_tell_real_mels_from_smoothed_ones():
-    """The Decoder's discriminators, a few hinge-loss steps on espeak log-mels against the same mels smoothed over
-    time and frequency (what an L1-trained Decoder makes): then unseen real windows score above their smoothed copies,
-    and the generator's losses reach the Decoder's output."""
+    """The Decoder's discriminators, 100 hinge-loss steps (a few seconds) on espeak log-mels against the same mels
+    smoothed over time and frequency (what an L1-trained Decoder makes): then unseen windows of speech score above
+    their smoothed copies by a clear margin (0.5; 1.6 to 2.8 across seeds and thread counts, where 25 steps gave 0.2
+    to 0.45), and the generator's losses reach the Decoder's output."""
     import torch
     import torch.nn.functional as F
 
@@ -529,7 +562,9 @@ def test_mel_discriminators_learn_to_tell_real_mels_from_smoothed_ones():
         smooth = F.avg_pool2d(F.pad(real[:, None], (1, 1, 1, 1), mode="replicate"), 3, 1)[:, 0]
         return real, smooth
 
-    fit_and_check_discriminators(MelDiscriminators(), batch, mel.shape[1], frames)
+    fit_and_check_discriminators(MelDiscriminators(), batch, mel.shape[1], frames, steps=100, separating=[0],
+                                 min_margin=0.5,
+                                 speech=lambda o: float(mel[:, o: o + frames].mean()) > -9)  # not silence (-11.5)
 
 
 def test_mel_windows_cut_only_valid_frames_of_rows_long_enough():
@@ -558,6 +593,7 @@ def test_mel_windows_cut_only_valid_frames_of_rows_long_enough():
 
 
 @needs_espeak
+@pytest.mark.trains
 def test_vocos_gan_stage_saves_its_discriminators_and_resumes_them(tmp_path):
     import torch
 
@@ -642,6 +678,7 @@ def test_paired_comparison_of_two_measure_results(tmp_path):
         main(["--paired", str(tmp_path / "base.json"), str(tmp_path / "seed1.json")])
 
 
+@pytest.mark.trains
 def test_grown_gpt_computes_what_the_old_one_did_and_its_new_blocks_learn(tmp_path):
     """--gpt-grow inserts identity blocks: the deeper GPT's hidden states equal the old one's, the guided-attention
     layer keeps its index, the new blocks' output projections leave zero after one step, and the export loads with
@@ -697,6 +734,7 @@ def grow_train_and_export(tmp_path, stage: str, options: list[str]):
     return load_state(grown, stage)[0], model
 
 
+@pytest.mark.trains
 def test_grown_vocoder_renders_what_the_old_one_did_and_its_new_blocks_learn(tmp_path):
     """--vocos-grow appends identity ConvNeXt blocks: the deeper vocoder's audio equals the old one's, its reach grows,
     the new blocks' layer scales leave zero after a step, and the export loads with the new depth."""
