@@ -10,7 +10,8 @@ real audio is known:
   codec           the utterance's DVAE codes -> the DVAE decoder's mel -> vocoder (the codec's ceiling: the codes
                   the GPT is trained to predict, decoded without the GPT)
   teacher_forced  the GPT fed the utterance's true codes -> Decoder -> vocoder (the Decoder's ceiling)
-  free_running    the voice synthesising the same text and speaker (codes sampled; ChatTTS's sampling defaults)
+  free_running    the voice synthesising the same text and speaker (codes sampled; ChatTTS's sampling defaults
+                  unless --temperature, --top-p, --top-k or --repetition-penalty)
   synth_defaults  (with --synth-defaults) the text as `ttsq synth` speaks it with no options: the model's default
                   voice, seed 0, SamplingParams() as they are (up to 2048 steps)
 
@@ -44,10 +45,11 @@ STEPS = (("copy", "real"), ("codec", "real"), ("teacher_forced", "codec"), ("fre
 
 
 def stage_audio(syn, audio: np.ndarray, codes, dec_mel, item: dict, to_mel, max_new_tokens: int,
-                stages=STAGES, given: dict | None = None) -> tuple[dict, dict]:
+                stages=STAGES, given: dict | None = None, sampling: dict | None = None) -> tuple[dict, dict]:
     """({stage: waveform}, {sampled stage: hit the step limit}) for one utterance (see the module docstring).
     codes: its (steps, Q) DVAE codes; dec_mel: the teacher-forced Decoder's mel (None when that stage is given);
-    given: {stage: (waveform, hit the step limit)} made elsewhere (--audio), not made again."""
+    given: {stage: (waveform, hit the step limit)} made elsewhere (--audio), not made again; sampling: free_running's
+    SamplingParams other than ChatTTS's defaults (--temperature, ...)."""
     import torch
 
     from ..params import SamplingParams
@@ -72,7 +74,7 @@ def stage_audio(syn, audio: np.ndarray, codes, dec_mel, item: dict, to_mel, max_
             out["teacher_forced"] = model.mel_to_wav(dec_mel[None].to(device))[0].float().cpu().numpy()
     if "free_running" in todo:
         u = syn.synthesize([item["text"]], speaker=item["speaker"], seed=0,
-                           params=SamplingParams(max_new_tokens=max_new_tokens))[0]
+                           params=SamplingParams(max_new_tokens=max_new_tokens, **(sampling or {})))[0]
         out["free_running"], hit["free_running"] = u.wav, u.hit_limit
     if "synth_defaults" in todo:  # as `ttsq synth "TEXT" -o F.wav` speaks it
         u = syn.synthesize(item["text"], speaker=None, seed=0, params=SamplingParams())[0]
@@ -135,6 +137,10 @@ def main(argv=None) -> dict:
                          "sampling defaults, up to 2048 steps)")
     ap.add_argument("--no-asr", action="store_true", help="skip the intelligibility (WER/CER) figures: faster")
     ap.add_argument("--asr-model", default=None, help="a CTranslate2 Whisper folder (default: Whisper base)")
+    ap.add_argument("--temperature", type=float, default=None, help="free_running's temperature (default: ChatTTS's)")
+    ap.add_argument("--top-p", type=float, default=None, help="free_running's top-p (default: ChatTTS's)")
+    ap.add_argument("--top-k", type=int, default=None, help="free_running's top-k (default: ChatTTS's)")
+    ap.add_argument("--repetition-penalty", type=float, default=None, help="free_running's (default: ChatTTS's)")
     ap.add_argument("--wer-only", action="store_true", help="no DNSMOS or MCD: only the intelligibility figures")
     ap.add_argument("--device", default="cpu", help="where the voice runs (cpu, cuda)")
     ap.add_argument("--save-audio", type=Path, default=None, help="write each stage's audio to DIR/STAGE.npz")
@@ -174,6 +180,8 @@ def main(argv=None) -> dict:
     stages = STAGES + (("synth_defaults",) if a.synth_defaults else ())
     items = [train_items[int(u)] for u in data.wav_utt]
     given = load_audio(a.audio, items, stages) if a.audio else {}
+    sampling = {k: v for k, v in (("temperature", a.temperature), ("top_p", a.top_p), ("top_k", a.top_k),
+                                  ("repetition_penalty", a.repetition_penalty)) if v is not None}
     mels = {}
     if "teacher_forced" not in given:
         with torch.inference_mode():
@@ -185,7 +193,7 @@ def main(argv=None) -> dict:
     limits: dict[str, list[bool]] = {}
     for n, (u, it, wav) in enumerate(zip(data.wav_utt, items, audio)):
         out, hit = stage_audio(syn, wav, data.codes[int(u)], mels.get(int(u)), it, to_mel, a.max_new_tokens,
-                               stages, {k: v[n] for k, v in given.items()})
+                               stages, {k: v[n] for k, v in given.items()}, sampling)
         for k, w in out.items():
             waves[k].append(w)
             if not a.wer_only:
@@ -224,8 +232,9 @@ def main(argv=None) -> dict:
             "mcd_settings": MCD_SETTINGS})
     res["settings"] = {"seed": a.seed, "max_new_tokens": a.max_new_tokens, "lang": a.lang or "all",
                        "device": str(syn.device), "audio_from": str(a.audio) if a.audio else None,
-                       "free_running": "the utterance's own speaker, seed 0, ChatTTS's sampling defaults, "
-                                       "up to --max-new-tokens steps",
+                       "free_running": "the utterance's own speaker, seed 0, up to --max-new-tokens steps, "
+                                       + (f"ChatTTS's sampling defaults except {sampling}" if sampling
+                                          else "ChatTTS's sampling defaults"),
                        **({"synth_defaults": "the model's default voice, seed 0, SamplingParams() (up to 2048 "
                                              "steps), as `ttsq synth` with no options"} if a.synth_defaults else {})}
     if not a.wer_only:
