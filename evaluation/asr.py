@@ -153,8 +153,10 @@ class Transcriber:
                 without_timestamps=True, vad_filter=False, repetition_penalty=o.zh_repetition_penalty,
                 no_repeat_ngram_size=o.zh_no_repeat_ngram_size)
             text = "".join(s.text for s in segments).strip()
-        if zh and o.zh_initial_prompt and text.startswith(o.zh_initial_prompt):  # the prompt leaks into short clips
-            text = text[len(o.zh_initial_prompt):].strip()
+        if zh and o.zh_initial_prompt:  # the prompt leaks into transcripts, whole or cut at its end
+            for leak in (o.zh_initial_prompt, o.zh_initial_prompt.rstrip("。"), o.zh_initial_prompt[:6]):
+                text = text.replace(leak, "")
+            text = text.strip()
         return text
 
 
