@@ -178,3 +178,26 @@ def test_very_large_batch_works(tiny_synth):
     texts = [f"sentence {i}." for i in range(256)]
     utts = tiny_synth.synthesize(texts, batch_size=256, params=SamplingParams(max_new_tokens=3))
     assert len(utts) == 256 and all(np.isfinite(u.wav).all() and u.wav.size for u in utts)
+
+
+def test_force_replaces_only_a_ttsq_folder(tmp_path):
+    """--force on quantize/export/save once deleted any folder it was pointed at, a user's documents included."""
+    from toolkit.fileio import OutputExistsError, atomic_dir
+    docs = tmp_path / "mydocs"
+    docs.mkdir()
+    (docs / "thesis.txt").write_text("years of work")
+    with pytest.raises(OutputExistsError, match="not a ttsq"):
+        with atomic_dir(docs, force=True) as tmp:
+            (tmp / "manifest.json").write_text("{}")
+    assert (docs / "thesis.txt").read_text() == "years of work" and len(list(tmp_path.iterdir())) == 1
+    a_file = tmp_path / "notes.txt"
+    a_file.write_text("keep")
+    with pytest.raises(OutputExistsError):
+        with atomic_dir(a_file, force=True):
+            pass
+    assert a_file.read_text() == "keep"
+    artifact = tmp_path / "q"
+    for content in ("old", "new"):
+        with atomic_dir(artifact, force=True) as tmp:
+            (tmp / "manifest.json").write_text(content)
+    assert (artifact / "manifest.json").read_text() == "new"

@@ -17,12 +17,27 @@ def _raced(out: Path) -> OutputExistsError:
                              "nothing was replaced. Pass --force to replace it")
 
 
+#: what marks a folder as ttsq's own output, which --force may replace (models, quantized artifacts, ONNX exports)
+MANIFESTS = ("manifest.json", "onnx_manifest.json")
+
+
+def check_replaceable(out: Path) -> None:
+    """--force replaces a ttsq folder only: never a user's folder, a file, or a link."""
+    if out.is_symlink() or not out.is_dir() or not any((out / m).is_file() for m in MANIFESTS):
+        raise OutputExistsError(f"{out} exists and is not a ttsq model, artifact or export folder (no "
+                                f"{' or '.join(MANIFESTS)}): --force replaces only those. Choose another --out, or "
+                                "move it away yourself")
+
+
 @contextlib.contextmanager
 def atomic_dir(out: Path, *, force: bool = False):
-    """Yield a temporary sibling folder; on success it replaces `out` (only with force if `out` exists)."""
+    """Yield a temporary sibling folder; on success it replaces `out` (only with force, and only a ttsq folder,
+    if `out` exists)."""
     out = Path(out)
-    if out.exists() and not force:
+    if (out.exists() or out.is_symlink()) and not force:
         raise OutputExistsError(f"{out} already exists; pass --force to replace it, or choose another --out")
+    if out.exists() or out.is_symlink():
+        check_replaceable(out)
     parent = out.parent if str(out.parent) else Path(".")
     try:
         parent.mkdir(parents=True, exist_ok=True)
@@ -35,6 +50,7 @@ def atomic_dir(out: Path, *, force: bool = False):
             if out.exists() and not force:  # another writer finished first: keep theirs, report ours
                 raise _raced(out)
             if out.exists():
+                check_replaceable(out)
                 old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=parent))
                 os.replace(out, old / out.name)  # keep the previous copy until the new one is in place
                 os.replace(tmp, out)
