@@ -201,3 +201,10 @@ def test_force_replaces_only_a_ttsq_folder(tmp_path):
         with atomic_dir(artifact, force=True) as tmp:
             (tmp / "manifest.json").write_text(content)
     assert (artifact / "manifest.json").read_text() == "new"
+
+
+@pytest.mark.parametrize("field", ["temperature", "top_p", "repetition_penalty"])
+@pytest.mark.parametrize("value", [float("nan"), float("inf")])
+def test_non_finite_sampling_parameters_are_refused(field, value):
+    with pytest.raises(ValueError, match=f"{field} must be a finite number"):
+        SamplingParams(**{field: value})

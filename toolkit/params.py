@@ -1,6 +1,7 @@
 """Sampling settings, shared by the torch engine and the torch-free runtime (so this module imports no torch)."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 
@@ -17,6 +18,10 @@ class SamplingParams:
 
     def __post_init__(self):
         temps = self.temperature if isinstance(self.temperature, (tuple, list)) else (self.temperature,)
+        for name, v in (*(("temperature", t) for t in temps), ("top_p", self.top_p),
+                        ("repetition_penalty", self.repetition_penalty)):
+            if not math.isfinite(v):  # NaN passes every comparison below; inf makes every logit equal
+                raise ValueError(f"{name} must be a finite number, got {v}")
         if any(t <= 0 for t in temps):
             raise ValueError(f"temperature must be > 0, got {self.temperature}")
         if not 0 < self.top_p <= 1:
