@@ -276,9 +276,9 @@ def test_vocos_on_decoder_pairs_the_decoders_mels_with_their_own_audio(tmp_path,
 @needs_espeak
 @pytest.mark.skipif(not (SHIPPED / "manifest.json").is_file(), reason="no shipped voice")
 def test_gap_scores_each_stage_against_the_real_audio(codes_pcm_corpus, tmp_path):
-    """toolkit.voice.gap on the shipped voice: with the true codes (teacher forced) the Decoder's audio is far closer
-    to the real audio than free-running synthesis is, every stage gets a DNSMOS on the 1-5 scale, and, first in the
-    JSON, every stage's error rate (what the ASR heard against the text) with a CI."""
+    """toolkit.voice.gap on the shipped voice: every stage's audio is near the real audio (DTW-MCD), every stage gets
+    a DNSMOS on the 1-5 scale, and, first in the JSON, every stage's error rate (what the ASR heard against the text)
+    with a CI."""
     import json
 
     from toolkit.voice.gap import STAGES, main
@@ -298,7 +298,9 @@ def test_gap_scores_each_stage_against_the_real_audio(codes_pcm_corpus, tmp_path
     assert all(set(r) >= stages | {"text"} and isinstance(r["real"]["heard"], str) for r in res["per_utterance"])
     assert set(res["mcd_db"]) == {"codec", "teacher_forced", "free_running"}
     assert all(1.0 <= v[0] <= 5.0 for v in res["dnsmos_ovrl"].values())
-    assert res["mcd_db"]["teacher_forced"][0] < res["mcd_db"]["free_running"][0] - 2.0, res["mcd_db"]
+    # every stage's audio stays near the real audio: since v12 free-running is as close as teacher forcing (v11 was
+    # 2 dB and more farther, when it lost the words), so the bound is on each, not on their order
+    assert all(0 < v[0] < 6.0 for v in res["mcd_db"].values()), res["mcd_db"]
     voices = res["dnsmos_ovrl_by_voice"]  # the same stages voice by voice: its rows average to the totals
     assert sum(v["n"] for v in voices.values()) == 3
     for stage, total in res["dnsmos_ovrl"].items():
