@@ -153,6 +153,15 @@ def cmd_bench(a) -> int:
     return 0
 
 
+def cmd_serve(a) -> int:
+    try:
+        from .server.main import ServeOptions, serve
+    except ImportError as e:
+        raise ImportError(f"ttsq serve needs the serve extra ({e}): pip install 'ttsq[serve]'") from None
+    return serve(ServeOptions(a.model, a.precision, a.device, a.host, a.port, a.slots, a.max_queue,
+                              a.max_input_chars, a.compile))
+
+
 def cmd_gui(a) -> int:
     from gui.app import run
     return run(a.model, a.device)
@@ -237,6 +246,18 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--out", default="benchmarks/results/bench", help="writes OUT.json and OUT.md")
     s.add_argument("--force", action="store_true", help="replace existing results")
     s.set_defaults(func=cmd_bench)
+
+    s = sub.add_parser("serve", help="an OpenAI-compatible streaming speech server (POST /v1/audio/speech)")
+    model_args(s)
+    s.add_argument("--precision", default=None, help="apply a recipe at load (fp32, fp16, bf16, int8, int4, ...)")
+    s.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0: every interface)")
+    s.add_argument("--port", type=int, default=8000)
+    s.add_argument("--slots", type=int, default=8, help="requests decoded together at most (continuous batching)")
+    s.add_argument("--max-queue", type=int, default=32,
+                   help="requests waiting for a slot at most; beyond, 429 with Retry-After")
+    s.add_argument("--max-input-chars", type=int, default=4096, help="longer inputs get 413")
+    s.add_argument("--compile", action="store_true", help="torch.compile the GPT blocks (a GPU's faster steps)")
+    s.set_defaults(func=cmd_serve)
 
     s = sub.add_parser("gui", help="desktop GUI: synthesize, listen, compare precisions (needs the gui extra)")
     s.add_argument("--model", default=None, help="model folder to open (default: the last one, or the shipped voice)")

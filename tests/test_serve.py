@@ -1,0 +1,319 @@
+"""`ttsq serve`: the OpenAI schema and its errors, streaming equal to `ttsq synth`, cancel on disconnect, 429 under
+overload, continuous batching, an injected out-of-memory error, graceful shutdown. Real uvicorn servers on loopback
+ports, the shipped voice on the CPU. Orders of events are asserted, never durations (timeouts are generous)."""
+from __future__ import annotations
+
+import io
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import soundfile as sf
+import torch
+
+httpx = pytest.importorskip("httpx")
+uvicorn = pytest.importorskip("uvicorn")
+pytest.importorskip("fastapi")
+pytest.importorskip("prometheus_client")
+
+from toolkit.scheduler import Scheduler  # noqa: E402
+from toolkit.server.app import ServerConfig, create_app  # noqa: E402
+from toolkit.synthesizer import Synthesizer  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+SHORT = "Hello there, how are you today?"
+# about 20 s of speech: hundreds of steps after its first audio, whatever the machine's speed
+LONG = ("The quick brown fox jumps over the lazy dog near the old river bank. It was a bright and sunny morning, "
+        "and everyone in the small village went out to play in the park. The children ran across the green "
+        "fields while their parents talked quietly under the tall trees. Later that day the wind picked up and "
+        "dark clouds rolled in from the west.")
+TIMEOUT = httpx.Timeout(300.0)
+
+
+class LiveServer:
+    """The app on a real uvicorn in a thread, on a free loopback port."""
+
+    def __init__(self, slots: int = 4, max_queue: int = 4, max_input_chars: int = 4096):
+        synth = Synthesizer(device="cpu")  # its own model: the scheduler borrows the model's attention caches
+        self.scheduler = Scheduler(synth, slots=slots, max_queue=max_queue)
+        self.app = create_app(self.scheduler, ServerConfig("ttsq-voice", max_input_chars))
+        self.server = uvicorn.Server(uvicorn.Config(self.app, host="127.0.0.1", port=0, log_level="warning"))
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+        self.thread.start()
+        deadline = time.monotonic() + 120
+        while not self.server.started:
+            assert time.monotonic() < deadline and self.thread.is_alive(), "uvicorn did not start"
+            time.sleep(0.05)
+        port = self.server.servers[0].sockets[0].getsockname()[1]
+        self.url = f"http://127.0.0.1:{port}"
+        self.client = httpx.Client(base_url=self.url, timeout=TIMEOUT)
+
+    def speech(self, **body) -> httpx.Response:
+        return self.client.post("/v1/audio/speech", json={"model": "tts-1", **body})
+
+    def wait_until(self, condition, what: str, timeout: float = 120.0) -> None:
+        deadline = time.monotonic() + timeout
+        while not condition():
+            assert time.monotonic() < deadline, f"timed out waiting for {what}"
+            time.sleep(0.02)
+
+    def close(self) -> None:
+        self.client.close()
+        self.server.should_exit = True
+        self.thread.join(60)
+
+
+@pytest.fixture(scope="module")
+def server():
+    s = LiveServer()
+    yield s
+    s.close()
+
+
+def wav_samples(body: bytes) -> np.ndarray:
+    x, sr = sf.read(io.BytesIO(body), dtype="int16")
+    assert sr == 24000
+    return x
+
+
+def metric(text: str, name: str) -> float:
+    for line in text.splitlines():
+        if line.startswith(name + " ") or line.startswith(name + "{") and line.split(" ")[0] == name:
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+@pytest.mark.parametrize("body, status, param, says", [
+    (b"{not json", 400, None, "not valid JSON"),
+    (b"[1, 2]", 400, None, "JSON object"),
+    (json.dumps({"model": "tts-1", "voice": "m1"}).encode(), 400, "input", "Field required"),
+    (json.dumps({"model": "tts-1", "input": 5}).encode(), 400, "input", "string"),
+    (json.dumps({"model": "whisper-1", "input": "Hi."}).encode(), 400, "model", "not served"),
+    (json.dumps({"model": "tts-1", "input": "Hi.", "voice": "alloy"}).encode(), 400, "voice", "m1"),
+    (json.dumps({"model": "tts-1", "input": "Hi.", "response_format": "aac"}).encode(), 400, "response_format", "AAC"),
+    (json.dumps({"model": "tts-1", "input": "Hi.", "response_format": "ogg"}).encode(), 400, "response_format", "wav"),
+    (json.dumps({"model": "tts-1", "input": "Hi.", "speed": 1.5}).encode(), 400, "speed", "only 1.0"),
+    (json.dumps({"model": "tts-1", "input": "Hi.", "speed": 9}).encode(), 400, "speed", "between"),
+    (json.dumps({"model": "tts-1", "input": "  \n "}).encode(), 400, "input", "empty"),
+    (json.dumps({"model": "tts-1", "input": "Hi.", "colour": "red"}).encode(), 400, "colour", "Extra inputs"),
+    (json.dumps({"model": "tts-1", "input": "word " * 1000}).encode(), 413, "input", "limit of 4096"),
+])
+def test_bad_requests_get_clear_errors_and_the_server_serves_on(server, body, status, param, says):
+    r = server.client.post("/v1/audio/speech", content=body, headers={"content-type": "application/json"})
+    assert r.status_code == status, r.text
+    err = r.json()["error"]
+    assert err["param"] == param and says in err["message"], err
+    assert server.client.get("/health").json()["status"] == "ok"
+
+
+def test_models_health_and_metrics(server):
+    assert [m["id"] for m in server.client.get("/v1/models").json()["data"]] == ["ttsq-voice"]
+    health = server.client.get("/health").json()
+    assert health["slots"] == 4 and health["queue_depth"] == 0
+    assert server.speech(input="Hi there.", voice="seed:7", response_format="pcm").status_code == 200
+    text = server.client.get("/metrics").text
+    for name in ("ttsq_queue_depth", "ttsq_active_requests", "ttsq_time_to_first_audio_seconds_count",
+                 "ttsq_rtf_count", "ttsq_audio_seconds_total", "process_resident_memory_bytes"):
+        assert name in text, name
+    assert metric(text, "ttsq_time_to_first_audio_seconds_count") >= 1
+    assert metric(text, "ttsq_audio_seconds_total") > 0.3
+
+
+def test_stream_arrives_in_pieces_and_equals_ttsq_synth(server, tmp_path):
+    out = tmp_path / "synth.wav"
+    subprocess.run([sys.executable, "-m", "toolkit.cli", "synth", SHORT, "-o", str(out), "--device", "cpu",
+                    "--seed", "3", "--speaker", "m1"], check=True, cwd=ROOT, capture_output=True,
+                   env={**os.environ, "PYTHONPATH": str(ROOT)})
+    reference, _ = sf.read(out, dtype="int16")
+    with server.client.stream("POST", "/v1/audio/speech", json={"model": "tts-1", "input": SHORT, "voice": "m1",
+                                                                "seed": 3, "response_format": "wav"}) as r:
+        assert r.status_code == 200 and r.headers["content-type"] == "audio/wav"
+        chunks = list(r.iter_raw())
+    body = b"".join(chunks)
+    assert body[:4] == b"RIFF" and body[36:40] == b"data"
+    assert len(chunks) > 2  # header and audio went out piece by piece
+    streamed = wav_samples(body)
+    assert len(streamed) == len(reference)
+    assert np.abs(streamed.astype(int) - reference).max() <= 2  # int16 steps: float rounding of the streamed render
+    pcm = server.speech(input=SHORT, voice="m1", seed=3, response_format="pcm")
+    assert pcm.headers["content-type"] == "audio/pcm" and pcm.content == body[44:]
+
+
+def test_multi_sentence_text_equals_synth_at_batch_1_and_first_audio_comes_early(server):
+    reference = Synthesizer(device="cpu").synthesize(LONG, speaker="f2", seed=5, batch_size=1)[0].wav
+    with server.client.stream("POST", "/v1/audio/speech", json={"model": "tts-1", "input": LONG, "voice": "f2",
+                                                                "seed": 5, "response_format": "pcm"}) as r:
+        pieces = r.iter_raw()
+        first = next(pieces)
+        running = server.scheduler.active  # the first audio arrived while the request still decodes
+        body = first + b"".join(pieces)
+    assert running == 1
+    got = np.frombuffer(body, "<i2")
+    want = np.rint(np.clip(reference, -1, 1) * 32767)
+    assert len(got) == len(want) and np.abs(got - want).max() <= 2
+
+
+def test_other_formats_decode_to_the_same_length(server):
+    wav = wav_samples(server.speech(input="Hi there.", voice="m1", response_format="wav").content)
+    for fmt, mime in (("flac", "audio/flac"), ("mp3", "audio/mpeg"), ("opus", "audio/ogg")):
+        r = server.speech(input="Hi there.", voice="m1", response_format=fmt)
+        assert r.status_code == 200 and r.headers["content-type"] == mime
+        x, sr = sf.read(io.BytesIO(r.content))
+        assert sr == 24000 and abs(len(x) - len(wav)) < 0.1 * len(wav) + 2000, fmt  # codecs pad a little
+
+
+def test_disconnect_cancels_the_request_and_frees_its_slot(server):
+    before = metric(server.client.get("/metrics").text, 'ttsq_requests_total{outcome="cancelled"}')
+    with server.client.stream("POST", "/v1/audio/speech", json={"model": "tts-1", "input": LONG,
+                                                                "response_format": "pcm"}) as r:
+        next(r.iter_raw())
+        assert server.scheduler.active == 1
+    server.wait_until(lambda: server.scheduler.active == 0, "the slot to be freed")
+    after = metric(server.client.get("/metrics").text, 'ttsq_requests_total{outcome="cancelled"}')
+    assert after == before + 1
+    assert server.speech(input="Hi.", response_format="pcm").status_code == 200
+
+
+def test_short_request_joins_the_running_batch_and_finishes_first(server):
+    sched = server.scheduler
+    with server.client.stream("POST", "/v1/audio/speech", json={"model": "tts-1", "input": LONG,
+                                                                "response_format": "pcm"}) as long:
+        long_pieces = long.iter_raw()
+        head = next(long_pieces)
+        short = server.speech(input="Hi there.", response_format="pcm")  # sent while the long one decodes
+        assert short.status_code == 200 and len(short.content) > 0
+        short_done = list(sched.completed)
+        assert sched.active == 1  # the long one is still decoding after the short one ended
+        body = head + b"".join(long_pieces)
+    assert len(body) > 10 * len(short.content)
+    assert sched.completed[-1] not in short_done  # the long request ended after the short one
+
+
+def test_full_queue_gets_429_with_retry_after_and_the_server_recovers():
+    s = LiveServer(slots=1, max_queue=1)
+    try:
+        with s.client.stream("POST", "/v1/audio/speech", json={"model": "tts-1", "input": LONG,
+                                                               "response_format": "pcm"}) as running:
+            next(running.iter_raw())  # in the only slot
+            queued: dict = {}
+            t = threading.Thread(target=lambda: queued.setdefault("r", s.speech(input="Hi.", response_format="pcm")))
+            t.start()
+            s.wait_until(lambda: s.scheduler.queue_depth == 1, "the second request to queue")
+            r = s.speech(input="Hi.", response_format="pcm")
+            assert r.status_code == 429, r.text
+            assert int(r.headers["Retry-After"]) >= 1 and "capacity" in r.json()["error"]["message"]
+        t.join(300)  # the running one was cancelled by leaving: the queued one gets its slot
+        assert queued["r"].status_code == 200 and len(queued["r"].content) > 0
+        assert s.speech(input="Hi.", response_format="pcm").status_code == 200
+    finally:
+        s.close()
+
+
+def test_out_of_memory_fails_that_request_alone():
+    s = LiveServer(slots=2)
+    sched, step = s.scheduler, s.scheduler._step
+    fired = threading.Event()
+
+    def step_that_runs_out_of_memory_once():  # the first step with a second request in the batch
+        if len(sched.rows) == 2 and not fired.is_set():
+            fired.set()
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB (injected)")
+        step()
+
+    sched._step = step_that_runs_out_of_memory_once
+    try:
+        with s.client.stream("POST", "/v1/audio/speech", json={"model": "tts-1", "input": LONG,
+                                                               "response_format": "pcm"}) as first:
+            pieces = first.iter_raw()
+            head = next(pieces)
+            newest = s.speech(input="Hi there.", response_format="pcm")
+            assert fired.is_set()
+            assert newest.status_code == 503 and newest.json()["error"]["code"] == "out_of_memory"
+            assert "serves on" in newest.json()["error"]["message"]
+            body = head + b"".join(pieces)  # the one already running finishes whole
+        want = Synthesizer(device="cpu").synthesize(LONG, seed=0, batch_size=1)[0].wav
+        assert abs(len(body) // 2 - len(want)) == 0
+        assert s.speech(input="Hi there.", response_format="pcm").status_code == 200
+        text = s.client.get("/metrics").text
+        assert metric(text, 'ttsq_requests_total{outcome="failed"}') == 1
+    finally:
+        s.close()
+
+
+def test_prefill_failure_fails_that_request_alone(server):
+    sched, prefill = server.scheduler, server.scheduler._prefill
+
+    def prefill_that_fails_for_one_text(job, sentence, row):
+        if job.sentences[sentence][0].startswith("Fail"):
+            raise torch.OutOfMemoryError("CUDA out of memory (injected)")
+        prefill(job, sentence, row)
+
+    sched._prefill = prefill_that_fails_for_one_text
+    try:
+        r = server.speech(input="Fail here.", response_format="wav")
+        assert r.status_code == 503 and "Retry-After" in r.headers
+        assert server.speech(input="Hi there.", response_format="wav").status_code == 200
+    finally:
+        sched._prefill = prefill
+
+
+def test_scheduler_compacts_its_cache_and_keeps_each_requests_audio():
+    """Twelve requests through 2 slots of a 256-position cache: rows join as others leave, `pos` passes the cache's
+    end (about 400 steps in all), the rows shift, and every request still gets the audio it gets alone."""
+    synth = Synthesizer(device="cpu")
+    texts = ["The quick brown fox jumps.", "Hello there, how are you?", "It was a sunny morning.", "Come and play.",
+             "The river runs past the mill.", "Good night, sleep well.", "Dark clouds rolled in.", "Hi.",
+             "Birds sang in the tall trees.", "Where is the station?", "Tea or coffee?", "We walked home slowly."]
+    alone = Scheduler(synth, slots=1, cache_len=256)
+    want = [np.concatenate([d for k, d in alone.submit(t, seed=i).events() if k == "audio"])
+            for i, t in enumerate(texts)]
+    alone.close()
+    assert alone.compactions == 0
+    sched = Scheduler(synth, slots=2, max_queue=12, cache_len=256)
+    jobs = [sched.submit(t, seed=i) for i, t in enumerate(texts)]
+    got = [np.concatenate([d for k, d in j.events() if k == "audio"]) for j in jobs]
+    sched.close()
+    assert sched.compactions >= 1
+    for g, w in zip(got, want):
+        assert len(g) == len(w) and np.abs(g - w).max() < 1e-3
+
+
+def test_sigterm_lets_the_stream_in_flight_finish(tmp_path):
+    port_probe = __import__("socket").socket()
+    port_probe.bind(("127.0.0.1", 0))
+    port = port_probe.getsockname()[1]
+    port_probe.close()
+    proc = subprocess.Popen([sys.executable, "-m", "toolkit.cli", "serve", "--device", "cpu", "--port", str(port),
+                             "--slots", "2"], cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        client = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=TIMEOUT)
+        deadline = time.monotonic() + 180
+        while True:
+            try:
+                if client.get("/health").status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert proc.poll() is None and time.monotonic() < deadline, proc.stdout.read()
+            time.sleep(0.2)
+        with client.stream("POST", "/v1/audio/speech", json={"model": "tts-1", "input": LONG,
+                                                             "response_format": "pcm"}) as r:
+            pieces = r.iter_raw()
+            head = next(pieces)
+            proc.send_signal(signal.SIGTERM)
+            body = head + b"".join(pieces)  # raises if the stream is cut
+        want = Synthesizer(device="cpu").synthesize(LONG, seed=0, batch_size=1)[0].wav
+        assert len(body) // 2 == len(want)
+        assert proc.wait(120) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
