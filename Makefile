@@ -14,7 +14,7 @@ DEB_PACKAGES += fortunes fortunes-min fortunes-zh
 DEB_PACKAGES += libegl1 libfontconfig1 libdbus-1-3 libxkbcommon0 libxkbcommon-x11-0 libxcb-cursor0 libxcb-icccm4 \
   libxcb-image0 libxcb-keysyms1 libxcb-randr0 libxcb-render-util0 libxcb-shape0 libpulse0 libportaudio2 \
   pulseaudio xvfb
-EXTRAS ?= eval,asr,edge,dev,gui,voicelab,serve
+EXTRAS ?= eval,asr,edge,dev,gui,voicelab,serve,ray
 OUT ?= out/demo
 
 .PHONY: setup demo test test-determinism clean

@@ -1,0 +1,264 @@
+"""Load test of `ttsq serve` on loopback: N concurrent streaming clients with random text lengths, against a
+baseline in the same run (the same server, requests sent one at a time). Bounded in requests and in time.
+
+The server runs in a subprocess of this script (its own interpreter, as `ttsq serve` would), on 127.0.0.1 only.
+Reported: p50/p95 time to first audio (request sent to first body byte), per-stream RTF (request sent to last byte,
+over the audio's duration), aggregate audio seconds per wall second, errors, server memory before and after.
+
+    # CPU, the shipped voice
+    python3 benchmarks/serve_load.py --device cpu --clients 4 --slots 4 --requests 16 --baseline-requests 4 \\
+        --out benchmarks/results/serve_load_cpu.json
+    # GPU, random weights at ChatTTS's dimensions (EOS barred: each sentence runs --steps-per-sentence steps)
+    python3 benchmarks/serve_load.py --dims chattts --device cuda --precision bf16 --clients 64 --slots 64 ...
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import random
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+SAMPLE_RATE = 24000
+WORDS = ("the quick brown fox jumps over a lazy dog near river bank bright sunny morning everyone went out play "
+         "children ran across green fields while parents talked quietly under tall trees later that day wind "
+         "picked up dark clouds rolled from west we walked home slowly birds sang station coffee tea good night "
+         "sleep well old mill village market bread warm summer evening light").split()
+
+
+def random_text(rng: random.Random, words: int) -> str:
+    """`words` words in sentences of 6-14 words."""
+    out, left = [], words
+    while left > 0:
+        n = min(left, rng.randint(6, 14))
+        s = " ".join(rng.choice(WORDS) for _ in range(n))
+        out.append(s[0].upper() + s[1:] + ".")
+        left -= n
+    return " ".join(out)
+
+
+# --- the server side (a subprocess) -------------------------------------------------------------
+def serve(a) -> None:
+    import torch
+    import uvicorn
+
+    from toolkit import SamplingParams, Synthesizer
+    from toolkit.scheduler import Scheduler
+    from toolkit.server.app import ServerConfig, create_app
+
+    if a.dims == "chattts":
+        from toolkit.bench import random_model
+        from toolkit.synthesizer import load_model
+
+        model = random_model("chattts", torch.device("cpu"))
+        model.tokenizer = load_model().tokenizer  # the shipped voice's: its ids fit the random text embedding
+        params = SamplingParams(min_new_tokens=a.steps_per_sentence, max_new_tokens=a.steps_per_sentence)
+    else:
+        model, params = a.model, SamplingParams()
+    synth = Synthesizer(model, a.device, a.precision, compile="block" if a.compile else False)
+    scheduler = Scheduler(synth, slots=a.slots, max_queue=a.max_queue, params=params, max_chars=a.max_chars)
+    jobs = [scheduler.submit("Warm up the server.", seed=i) for i in range(min(a.slots, 4))]
+    for job in jobs:
+        for _ in job.events():
+            pass
+    app = create_app(scheduler, ServerConfig("bench", 1 << 20))
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    print(f"PORT {sock.getsockname()[1]}", flush=True)
+    uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=30)).run(sockets=[sock])
+
+
+# --- the client side ---------------------------------------------------------------------------
+async def one_request(client, text: str, seed: int) -> dict:
+    t0 = time.perf_counter()
+    row = {"chars": len(text), "status": None, "ttfa_s": None, "audio_s": 0.0, "total_s": None, "error": None}
+    try:
+        async with client.stream("POST", "/v1/audio/speech", json={"model": "bench", "input": text, "seed": seed,
+                                                                   "response_format": "pcm"}) as r:
+            row["status"] = r.status_code
+            if r.status_code != 200:
+                row["error"] = f"HTTP {r.status_code}: {(await r.aread())[:200].decode(errors='replace')}"
+                return row
+            n = 0
+            async for chunk in r.aiter_raw():
+                if row["ttfa_s"] is None and chunk:
+                    row["ttfa_s"] = time.perf_counter() - t0
+                n += len(chunk)
+        row["total_s"] = time.perf_counter() - t0
+        row["audio_s"] = n / 2 / SAMPLE_RATE
+    except Exception as e:  # noqa: BLE001 - counted, not fatal
+        row["error"] = f"{type(e).__name__}: {e}"
+    return row
+
+
+async def phase(url: str, clients: int, requests: int, time_limit: float, rng: random.Random, words: tuple[int, int],
+                seed0: int) -> dict:
+    """`clients` loops sending requests until `requests` were sent or `time_limit` passed (a request in flight at
+    the limit is abandoned after a grace period and counted as an error)."""
+    import httpx
+
+    texts = [random_text(rng, rng.randint(*words)) for _ in range(requests)]
+    rows: list[dict] = []
+    next_i = 0
+    t_start = time.perf_counter()
+    deadline = t_start + time_limit
+    limits = httpx.Limits(max_connections=clients + 4, max_keepalive_connections=clients + 4)
+    async with httpx.AsyncClient(base_url=url, timeout=httpx.Timeout(time_limit + 60), limits=limits) as client:
+        async def worker():
+            nonlocal next_i
+            while next_i < requests and time.perf_counter() < deadline:
+                i = next_i
+                next_i += 1
+                try:
+                    rows.append(await asyncio.wait_for(one_request(client, texts[i], seed0 + i),
+                                                       deadline + 30 - time.perf_counter()))
+                except asyncio.TimeoutError:
+                    rows.append({"chars": len(texts[i]), "status": None, "error": "past the time limit"})
+
+        await asyncio.gather(*(worker() for _ in range(clients)))
+    wall = time.perf_counter() - t_start
+    return summarize(rows, wall, clients)
+
+
+def pct(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    values = sorted(values)
+    return values[min(len(values) - 1, max(0, round(q * (len(values) - 1))))]
+
+
+def summarize(rows: list[dict], wall: float, clients: int) -> dict:
+    ok = [r for r in rows if r.get("error") is None and r.get("audio_s")]
+    ttfa = [r["ttfa_s"] for r in ok]
+    rtf = [r["total_s"] / r["audio_s"] for r in ok]
+    audio = sum(r["audio_s"] for r in ok)
+    errors: dict[str, int] = {}
+    for r in rows:
+        if r.get("error"):
+            key = r["error"].split(":")[0]
+            errors[key] = errors.get(key, 0) + 1
+    return {"clients": clients, "requests": len(rows), "ok": len(ok), "errors": errors, "wall_s": round(wall, 2),
+            "ttfa_p50_s": pct(ttfa, 0.5), "ttfa_p95_s": pct(ttfa, 0.95), "ttfa_max_s": max(ttfa, default=None),
+            "rtf_p50": pct(rtf, 0.5), "rtf_p95": pct(rtf, 0.95), "rtf_max": max(rtf, default=None),
+            "streams_faster_than_real_time": sum(x < 1 for x in rtf),
+            "audio_s": round(audio, 2), "audio_s_per_s": round(audio / wall, 3) if wall else None,
+            "mean_chars": round(statistics.mean(r["chars"] for r in rows), 1) if rows else None}
+
+
+def scrape(url: str) -> dict:
+    """Memory figures from the server's /metrics."""
+    import httpx
+
+    text = httpx.get(url + "/metrics", timeout=30).text
+    keep = ("process_resident_memory_bytes", "ttsq_device_memory_allocated_bytes", "ttsq_device_memory_peak_bytes")
+    out = {}
+    for line in text.splitlines():
+        name, _, value = line.partition(" ")
+        if name in keep:
+            out[name.replace("_bytes", "_mib")] = round(float(value) / 2**20, 1)
+    return out
+
+
+def hardware(device: str) -> dict:
+    info = {"platform": platform.platform(), "cpu": platform.processor() or platform.machine(),
+            "cpu_count": os.cpu_count(), "python": platform.python_version(), "load_avg_at_start": os.getloadavg()}
+    try:
+        import torch
+        info["torch"] = torch.__version__
+        if device.startswith("cuda") and torch.cuda.is_available():
+            info["gpu"] = torch.cuda.get_device_name(0)
+    except ImportError:
+        pass
+    return info
+
+
+def markdown(report: dict) -> str:
+    a = report["args"]
+    lines = [f"# serve_load: {a['dims']} dims, {a['device']}, {a['precision'] or 'fp32'}, {a['slots']} slots", "",
+             f"command: `{report['command']}`  ", f"commit: {report['commit']}  ",
+             f"hardware: {json.dumps(report['hardware'])}", "",
+             "| phase | clients | ok/requests | errors | TTFA p50 | TTFA p95 | RTF p50 | RTF p95 | RTF max | "
+             "faster than real time | audio s/s |", "|---" * 11 + "|"]
+    for name in ("baseline", "load"):
+        p = report[name]
+        f = (lambda x: "-" if x is None else f"{x:.3f}")
+        lines.append(f"| {name} | {p['clients']} | {p['ok']}/{p['requests']} | {p['errors'] or 0} | "
+                     f"{f(p['ttfa_p50_s'])} s | {f(p['ttfa_p95_s'])} s | {f(p['rtf_p50'])} | {f(p['rtf_p95'])} | "
+                     f"{f(p['rtf_max'])} | {p['streams_faster_than_real_time']}/{p['ok']} | {p['audio_s_per_s']} |")
+    lines += ["", f"server memory before: {report['memory_before']}  ", f"after: {report['memory_after']}", ""]
+    return "\n".join(lines)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default=None, help="model folder (default: the shipped voice); ignored with --dims chattts")
+    p.add_argument("--dims", choices=("shipped", "chattts"), default="shipped",
+                   help="chattts: random weights at ChatTTS's dimensions (no download)")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--precision", default=None)
+    p.add_argument("--compile", action="store_true", help="torch.compile the GPT blocks (ttsq serve --compile)")
+    p.add_argument("--slots", type=int, default=4)
+    p.add_argument("--max-queue", type=int, default=256)
+    p.add_argument("--max-chars", type=int, default=120, help="sentence length the server splits at")
+    p.add_argument("--steps-per-sentence", type=int, default=235, help="--dims chattts: GPT steps per sentence "
+                   "(EOS barred; 235 steps = 5 s of audio)")
+    p.add_argument("--clients", type=int, default=4)
+    p.add_argument("--requests", type=int, default=16, help="requests of the concurrent phase at most")
+    p.add_argument("--baseline-requests", type=int, default=4, help="requests of the one-at-a-time phase")
+    p.add_argument("--time-limit", type=float, default=600, help="seconds per phase at most")
+    p.add_argument("--words", type=int, nargs=2, default=(4, 30), metavar=("MIN", "MAX"))
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", required=True, help="writes OUT (JSON) and OUT with .md")
+    p.add_argument("--serve-only", action="store_true", help=argparse.SUPPRESS)
+    a = p.parse_args()
+    if a.serve_only:
+        serve(a)
+        return 0
+    out = Path(a.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    argv = [x for x in sys.argv[1:]]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.Popen([sys.executable, __file__, "--serve-only", *argv], stdout=subprocess.PIPE, env=env,
+                            text=True)
+    try:
+        line = proc.stdout.readline()
+        if not line.startswith("PORT "):
+            raise RuntimeError(f"the server did not start (exit {proc.wait()})")
+        url = f"http://127.0.0.1:{int(line.split()[1])}"
+        rng = random.Random(a.seed)
+        before = scrape(url)
+        print("baseline (one at a time)...", file=sys.stderr, flush=True)
+        baseline = asyncio.run(phase(url, 1, a.baseline_requests, a.time_limit, rng, tuple(a.words), 10_000))
+        print(json.dumps(baseline), file=sys.stderr, flush=True)
+        print(f"load ({a.clients} concurrent)...", file=sys.stderr, flush=True)
+        load = asyncio.run(phase(url, a.clients, a.requests, a.time_limit, rng, tuple(a.words), 20_000))
+        print(json.dumps(load), file=sys.stderr, flush=True)
+        after = scrape(url)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
+    report = {"command": "python3 benchmarks/serve_load.py " + " ".join(argv), "commit": commit.stdout.strip() or None,
+              "hardware": hardware(a.device), "args": {k: v for k, v in vars(a).items() if k != "serve_only"},
+              "baseline": baseline, "load": load, "memory_before": before, "memory_after": after}
+    out.write_text(json.dumps(report, indent=1) + "\n")
+    out.with_suffix(".md").write_text(markdown(report))
+    print(markdown(report))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
