@@ -15,19 +15,37 @@ from pathlib import Path
 RID = "gui-001"  # the one sentence of a GUI comparison
 
 
-def measure_noise_floor(job, reference_utt, emit=None, should_stop=None) -> dict:
-    """FP32 at seed+1 vs FP32 at seed, via evaluation.runner.noise_floor."""
+def measure_noise_floor(job, reference_utt, emit=None, should_stop=None, synth=None) -> dict:
+    """FP32 at seed+1 vs FP32 at seed, via evaluation.runner.noise_floor. synth: job.model's FP32 Synthesizer, if
+    one is loaded. -> {"floor": CIs, "per": {RID: DTW-MCD}, "utt": the seed+1 Utterance}."""
     from evaluation.runner import Cepstra, PrecisionRun, noise_floor
     from toolkit.synthesizer import Synthesizer
 
     if emit:
         emit("progress", (0.1, "fp32 at another seed (noise floor)"))
-    synth = Synthesizer(job.model, job.device)
+    synth = synth or Synthesizer(job.model, job.device)
     other = synth.synthesize(job.text, speaker=job.speaker, seed=job.seed + 1, params=job.params,
                              control_tokens=job.control_tokens, should_stop=should_stop)[0]
     run = PrecisionRun("fp32", synth, 0, {job.seed: {RID: reference_utt}, job.seed + 1: {RID: other}})
     floor, per = noise_floor(run, (job.seed, job.seed + 1), Cepstra(reference_utt.sample_rate))
-    return {"floor": floor, "per": per}
+    return {"floor": floor, "per": per, "utt": other}
+
+
+def verdict(res: dict, ref: dict | None, floor: dict | None) -> dict:
+    """The report's verdict for one GUI result against FP32 (`ref`) and the noise floor, as `ttsq evaluate` gives
+    it: within_noise_floor, gap_vs_noise_floor_db, asr_gap_vs_fp32 (evaluation.runner's functions, one sentence)."""
+    from evaluation.runner import asr_verdict, floor_verdict
+
+    is_ref = res["name"] == "fp32"
+    floor_mcd = (floor or {}).get("per", {}).get(RID)
+    pairs = [(res["mcd_db"], floor_mcd)] if res["mcd_db"] is not None and floor_mcd is not None else []
+    out = floor_verdict(pairs, is_ref)
+    rows = {RID: {"asr": [res["asr"]] if res.get("asr") else None}}
+    ref_rows = {RID: {"asr": [ref["asr"]] if ref and ref.get("asr") else None}}
+    out.update(asr_verdict(rows, ref_rows, [RID], is_ref))
+    if "asr_gap_vs_fp32" in out:  # as in ttsq evaluate: a precision that loses words is outside the floor
+        out["within_noise_floor"] &= out["asr_gap_vs_fp32"]["lo"] <= 0.0
+    return out
 
 
 def build_report(job, results: list[dict], floor: dict | None) -> tuple[dict, dict]:
@@ -35,10 +53,9 @@ def build_report(job, results: list[dict], floor: dict | None) -> tuple[dict, di
     import torch
 
     from evaluation import asr, metrics
-    from evaluation.runner import asr_counts, asr_verdict, ci, floor_verdict
+    from evaluation.runner import asr_counts, ci
 
     ref = next((r for r in results if r["name"] == "fp32"), None)
-    ref_rows = {RID: {"asr": [ref["asr"]] if ref and ref.get("asr") else None}}
     precisions = {}
     for r in results:
         dur_ratio = r["duration_s"] / max(ref["duration_s"], 1e-9) if ref else None
@@ -63,13 +80,7 @@ def build_report(job, results: list[dict], floor: dict | None) -> tuple[dict, di
                            "eos_rate": float(not r["hit_limit"])},
             "per_sentence": per_sentence,
         }
-        floor_mcd = (floor or {}).get("per", {}).get(RID)
-        pairs = [(r["mcd_db"], floor_mcd)] if r["mcd_db"] is not None and floor_mcd is not None else []
-        verdict = floor_verdict(pairs, r["name"] == "fp32")
-        verdict.update(asr_verdict(per_sentence, ref_rows, [RID], r["name"] == "fp32"))
-        if "asr_gap_vs_fp32" in verdict:  # as in ttsq evaluate: a precision that loses words is outside the floor
-            verdict["within_noise_floor"] &= verdict["asr_gap_vs_fp32"]["lo"] <= 0.0
-        precisions[r["name"]] = {**res, **verdict}
+        precisions[r["name"]] = {**res, **verdict(r, ref, floor)}
     device = results[0]["device"] if results else job.device
     report = {
         "schema": "ttsq-eval/1",
@@ -92,11 +103,13 @@ def build_report(job, results: list[dict], floor: dict | None) -> tuple[dict, di
     return report, utts
 
 
-def save_report(job, results: list[dict], out: str | Path, emit=None, should_stop=None) -> Path:
+def save_report(job, results: list[dict], out: str | Path, emit=None, should_stop=None, floor: dict | None = None) -> Path:
+    """floor: the noise floor the window already measured (measure_noise_floor's dict); measured here otherwise."""
     from evaluation.report import write_report
 
     ref = next((r for r in results if r["name"] == "fp32"), None)
-    floor = measure_noise_floor(job, ref["utt"], emit, should_stop) if ref is not None else None
+    if floor is None and ref is not None:
+        floor = measure_noise_floor(job, ref["utt"], emit, should_stop)
     if emit:
         emit("progress", (0.7, "writing report"))
     report, utts = build_report(job, results, floor)

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 from PySide6.QtCharts import QChart, QChartView, QScatterSeries, QValueAxis
-from PySide6.QtCore import QPointF, Qt, Signal
+from PySide6.QtCore import QMargins, QPointF, Qt, Signal
 from PySide6.QtGui import QColor, QImage, QPainter, QPen
 from PySide6.QtWidgets import (QAbstractItemView, QHeaderView, QLabel, QSizePolicy, QTableWidget, QTableWidgetItem,
                                QVBoxLayout, QWidget)
@@ -138,60 +138,137 @@ def asr_tip(res: dict) -> str:
             f"{a['sub']} sub, {a['dele']} del, {a['ins']} ins of {a['ref_tokens']} {UNITS[a['language']]}")
 
 
+#: (column, header, what it is): short two-line headers, so that the table fits beside the chart at 1024 px without
+#: sideways scrolling; the audio's duration and steps are in the precision cell's tooltip and the result's caption
+COLUMNS = [("precision", "precision", "the precision of the model, or the artifact or ONNX folder run as it is"),
+           ("vs floor", "vs\nfloor", "the gap to FP32 against the noise floor (FP32 against itself at a second "
+                                     "seed): “within” when it is no larger than sampling's own spread"),
+           ("WER/CER", "WER/\nCER", "intelligibility: word (English) or character (Mandarin) error rate of what an "
+                                    "offline ASR hears against the text; lower is better"),
+           ("MCD dB", "MCD\ndB", "mel-cepstral distance to FP32's audio of the same sentence and seed (DTW-aligned)"),
+           ("DNSMOS", "DNS\nMOS", "predicted overall quality (1-5)"),
+           ("RTF", "RTF", "real-time factor: synthesis time / audio duration (lower is faster)"),
+           ("latency s", "latency\ns", "synthesis time of the whole text"),
+           ("1st audio s", "1st\naudio s", "time to first audio when streaming"),
+           ("MiB", "size\nMiB", "size of the weights (the folder, for an artifact or ONNX)"),
+           ("GPU MiB", "GPU\nMiB", "peak GPU memory")]
+
+
 class ComparisonTable(QTableWidget):
-    # intelligibility first among the quality columns: fluent babble passes MCD and DNSMOS, not the ASR
-    COLUMNS = ["precision", "first audio s", "latency s", "RTF", "WER/CER", "MCD vs FP32 dB", "DNSMOS", "size MiB",
-               "GPU MiB", "audio s", "steps"]
+    COLUMNS = [c for c, _, _ in COLUMNS]
+    OPTIONAL = ("DNSMOS", "GPU MiB", "vs floor")  # hidden while no row has a value
 
     def __init__(self, parent=None):
         super().__init__(0, len(self.COLUMNS), parent)
-        self.setHorizontalHeaderLabels(self.COLUMNS)
+        self.setHorizontalHeaderLabels([h for _, h, _ in COLUMNS])
+        for c, (_, _, tip) in enumerate(COLUMNS):
+            self.horizontalHeaderItem(c).setToolTip(tip)
         self.verticalHeader().setVisible(False)
         self.setEditTriggers(QAbstractItemView.NoEditTriggers)
         self.setSelectionBehavior(QAbstractItemView.SelectRows)
         self.setSelectionMode(QAbstractItemView.SingleSelection)
+        self.setWordWrap(False)
         self.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeToContents)
         self.horizontalHeader().setStretchLastSection(False)
+        self.horizontalHeader().setMinimumSectionSize(30)
+        self._hide_empty()
+
+    def row_of(self, name: str) -> int:
+        return next((r for r in range(self.rowCount()) if self.item(r, 0).text() == name), -1)
+
+    def select(self, name: str) -> None:
+        r = self.row_of(name)
+        if r >= 0:
+            self.selectRow(r)
 
     def set_result(self, res: dict) -> None:
         """Adds a row, or replaces the row of the same precision."""
-        row = next((r for r in range(self.rowCount()) if self.item(r, 0).text() == res["name"]), self.rowCount())
-        if row == self.rowCount():
+        row = self.row_of(res["name"])
+        if row < 0:
+            row = self.rowCount()
             self.insertRow(row)
         mib = 1 / 2 ** 20
-        cells = [res["name"], _fmt(res["time_to_first_audio_s"], ".3f"), _fmt(res["latency_s"], ".3f"),
-                 _fmt(res["rtf"], ".3f"), _fmt(res.get("asr_rate"), ".2f"), _fmt(res["mcd_db"], ".2f"),
-                 _fmt(res["dnsmos_ovrl"], ".2f"), _fmt(res["size_bytes"], ".1f", mib),
-                 _fmt(res["peak_gpu_bytes"], ".0f", mib), _fmt(res["duration_s"], ".2f"), str(res["steps"])]
-        col = self.COLUMNS.index
-        tips = {col("WER/CER"): asr_tip(res), col("MCD vs FP32 dB"): res.get("mcd_note", ""),
-                col("DNSMOS"): res.get("dnsmos_note", "")}
-        for c, text in enumerate(cells):
-            item = QTableWidgetItem(text)
+        values = {"precision": res["name"], "vs floor": "–", "WER/CER": _fmt(res.get("asr_rate"), ".2f"),
+                  "MCD dB": _fmt(res["mcd_db"], ".2f"), "DNSMOS": _fmt(res["dnsmos_ovrl"], ".2f"),
+                  "RTF": _fmt(res["rtf"], ".3f"), "latency s": _fmt(res["latency_s"], ".2f"),
+                  "1st audio s": _fmt(res["time_to_first_audio_s"], ".2f"),
+                  "MiB": _fmt(res["size_bytes"], ".1f", mib), "GPU MiB": _fmt(res["peak_gpu_bytes"], ".0f", mib)}
+        tips = {"precision": f"{res.get('recipe', '')} from {res.get('model') or 'shipped voice'}: "
+                             f"{res['duration_s']:.2f} s of audio, {res['steps']} GPT steps"
+                             + (" (hit the step limit: the audio may be cut)" if res["hit_limit"] else ""),
+                "WER/CER": asr_tip(res), "MCD dB": res.get("mcd_note", ""), "DNSMOS": res.get("dnsmos_note", "")}
+        for c, name in enumerate(self.COLUMNS):
+            item = QTableWidgetItem(values[name])
             if c:
                 item.setTextAlignment(Qt.AlignRight | Qt.AlignVCenter)
-            if tips.get(c):
-                item.setToolTip(tips[c])
+            if tips.get(name):
+                item.setToolTip(tips[name])
             self.setItem(row, c, item)
+        self._hide_empty()
+
+    def set_verdict(self, name: str, verdict: dict | None, floor: dict | None) -> None:
+        """The "vs floor" cell of a row: gui.report.verdict's outcome, or – without a noise floor."""
+        row = self.row_of(name)
+        if row < 0:
+            return
+        text, tip, color = "–", "no noise floor: tick “noise floor” and synthesize", None
+        if verdict is not None:
+            gap = verdict.get("gap_vs_noise_floor_db")
+            wer = verdict.get("asr_gap_vs_fp32")
+            if name == "fp32":
+                text, tip = "reference", ""
+            elif gap is None and wer is None:
+                text, tip = "–", "no FP32 MCD or WER to compare with"
+            elif verdict["within_noise_floor"]:
+                text, color = "within", "#1b7a2f"
+                tip = "as far from FP32 as FP32 at another seed is: the difference is sampling noise"
+            else:
+                text, color = "outside", "#b00020"
+                tip = "farther from FP32 than FP32 at another seed is"
+            if gap is not None:
+                tip += f"\nMCD gap over the floor: {gap['mean']:+.2f} dB"
+            if wer is not None:
+                tip += f"\nWER/CER gap to FP32: {wer['mean']:+.2f}"
+        if floor is not None and floor.get("mcd_db") is not None:
+            tip += (f"\nnoise floor: FP32 at seed {floor['seed']} against FP32 at seed {floor['seed'] - 1}: "
+                    f"MCD {floor['mcd_db']:.2f} dB" + (f", WER/CER {floor['asr_rate']:.2f}"
+                                                        if floor.get("asr_rate") is not None else ""))
+        item = QTableWidgetItem(text)
+        item.setTextAlignment(Qt.AlignCenter)
+        item.setToolTip(tip.strip())
+        if color:
+            item.setForeground(QColor(color))
+        self.setItem(row, self.COLUMNS.index("vs floor"), item)
+        self._hide_empty()
+
+    def _hide_empty(self) -> None:
+        for name in self.OPTIONAL:
+            c = self.COLUMNS.index(name)
+            self.setColumnHidden(c, not any(self.item(r, c) is not None and self.item(r, c).text() != "–"
+                                            for r in range(self.rowCount())))
 
     def clear_results(self) -> None:
         self.setRowCount(0)
+        self._hide_empty()
 
 
 #: the chart's quality axes: (combo label, result key, axis title)
-QUALITY_AXES = [("WER/CER", "asr_rate", "WER/CER (lower = better)"), ("MCD vs FP32", "mcd_db", "MCD vs FP32, dB"),
-                ("DNSMOS", "dnsmos_ovrl", "DNSMOS OVRL (higher = better)")]
+QUALITY_AXES = [("WER/CER", "asr_rate", "WER/CER (lower = better)"), ("MCD vs FP32", "mcd_db", "MCD vs FP32 dB"),
+                ("DNSMOS", "dnsmos_ovrl", "DNSMOS (higher = better)")]
+FLOOR_NAME = "noise floor"  # the band's legend; what it is, is in the chart's tooltip
 
 
 class LatencyQualityChart(QChartView):
-    """One scatter series per precision: x = real-time factor (lower is faster), y = the chosen quality metric
-    (`set_axis`: WER/CER by default, MCD vs FP32 or DNSMOS). A result without that metric is not plotted."""
-    hovered = Signal(str)
+    """One scatter series per precision, labelled: x = real-time factor (lower is faster), y = the chosen quality
+    metric (`set_axis`: WER/CER by default, MCD vs FP32 or DNSMOS). A result without that metric is not plotted.
+    The noise floor (`set_floor`) is a band: the values FP32 itself takes at two seeds. Clicking a point emits
+    `picked(name)`."""
+    picked = Signal(str)
 
     def __init__(self, parent=None):
         chart = QChart()
-        chart.setTitle("Latency vs quality")
         chart.legend().setAlignment(Qt.AlignBottom)
+        chart.setMargins(QMargins(4, 4, 4, 4))
         self.ax_x, self.ax_y = QValueAxis(), QValueAxis()
         self.ax_x.setTitleText("RTF (lower = faster)")
         self.ax_x.setLabelFormat("%.3g")
@@ -201,9 +278,15 @@ class LatencyQualityChart(QChartView):
         super().__init__(chart, parent)
         self.setRenderHint(QPainter.Antialiasing)
         self.setMinimumSize(260, 200)
+        self.setToolTip("each precision at its real-time factor and quality; the grey band is the noise floor: the "
+                        "values FP32 itself takes at two seeds. Click a point to pick its row")
         self.series: dict[str, QScatterSeries] = {}
         self.points: dict[str, tuple[float, float]] = {}
         self.results: dict[str, dict] = {}  # kept so that another axis can be plotted without a new run
+        self.floor: dict | None = None
+        self.floor_ref: dict | None = None
+        self.band: tuple[float, float] | None = None  # the floor on the current axis (lo, hi)
+        self.band_series = None
         self.axis = ""
         self.set_axis(QUALITY_AXES[0][1])
 
@@ -217,6 +300,10 @@ class LatencyQualityChart(QChartView):
         self.results[res["name"]] = res
         self._plot()
 
+    def set_floor(self, floor: dict | None, ref: dict | None) -> None:
+        self.floor, self.floor_ref = floor, ref
+        self._plot()
+
     def _series(self, name: str) -> QScatterSeries:
         s = self.series.get(name)
         if s is None:  # one colour per precision, in the order they came, whatever the axis
@@ -224,30 +311,73 @@ class LatencyQualityChart(QChartView):
             s.setName(name)
             s.setMarkerSize(12)
             s.setColor(QColor(COLORS[list(self.results).index(name) % len(COLORS)]))
+            s.setPointLabelsFormat(name.replace("@", "(at)"))  # "@" starts a placeholder in Qt's format
+            s.setPointLabelsVisible(True)
+            s.setPointLabelsClipping(False)
+            s.clicked.connect(lambda _pt, name=name: self.picked.emit(name))
             self.chart().addSeries(s)
             s.attachAxis(self.ax_x)
             s.attachAxis(self.ax_y)
             self.series[name] = s
         return s
 
+    def floor_band(self) -> tuple[float, float] | None:
+        """(lo, hi) of the noise floor on the current axis: MCD from 0 (FP32 against itself) to FP32's MCD at the
+        second seed; WER/CER and DNSMOS between FP32's values at the two seeds."""
+        f, ref = self.floor, self.floor_ref
+        if f is None:
+            return None
+        if self.axis == "mcd_db":
+            return (0.0, f["mcd_db"]) if f.get("mcd_db") is not None else None
+        a, b = (ref or {}).get(self.axis), f.get(self.axis)
+        return (min(a, b), max(a, b)) if a is not None and b is not None else None
+
     def _plot(self) -> None:
+        from PySide6.QtCharts import QAreaSeries, QLineSeries
         self.points = {n: (r["rtf"], r[self.axis]) for n, r in self.results.items() if r.get(self.axis) is not None}
         for name, s in self.series.items():
             s.clear()
             s.setVisible(name in self.points)
+        if self.band_series is not None:
+            self.chart().removeSeries(self.band_series)
+            self.band_series = None
+        self.band = self.floor_band()
+        xmax = max((p[0] for p in self.points.values()), default=1.0) * 1.15 or 1
+        if self.band is not None:
+            lo, hi = self.band
+            pad = max(hi - lo, 1e-3) * 0.02 if hi - lo < 1e-3 else 0.0  # equal values: a visible hairline
+            upper, lower = QLineSeries(), QLineSeries()
+            for x in (0.0, xmax * 10):  # wider than any range the axis takes
+                upper.append(x, hi + pad)
+                lower.append(x, lo - pad)
+            band = QAreaSeries(upper, lower)
+            upper.setParent(band)
+            lower.setParent(band)
+            band.setName(FLOOR_NAME)
+            band.setColor(QColor(120, 120, 120, 60))
+            band.setBorderColor(QColor(120, 120, 120, 120))
+            self.chart().addSeries(band)
+            band.attachAxis(self.ax_x)
+            band.attachAxis(self.ax_y)
+            self.band_series = band
         for name, (x, y) in self.points.items():
             s = self._series(name)
             s.append(QPointF(x, y))
             s.setVisible(True)
-        if self.points:
-            self.ax_x.setRange(0, max(p[0] for p in self.points.values()) * 1.15 or 1)
-            self.ax_y.setRange(0, max(p[1] for p in self.points.values()) * 1.15 or 1)
+        if self.points or self.band:
+            ys = [p[1] for p in self.points.values()] + list(self.band or ())
+            self.ax_x.setRange(0, xmax)
+            self.ax_y.setRange(0, max(ys) * 1.15 or 1)
             self.ax_x.applyNiceNumbers()
             self.ax_y.applyNiceNumbers()
 
     def clear_results(self) -> None:
         for s in self.series.values():
             self.chart().removeSeries(s)
+        if self.band_series is not None:
+            self.chart().removeSeries(self.band_series)
+        self.band_series = None
         self.series.clear()
         self.points.clear()
         self.results.clear()
+        self.floor = self.floor_ref = None

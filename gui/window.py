@@ -44,7 +44,8 @@ class MainWindow(QMainWindow):
         self.settings = settings or QSettings("ttsq", "ttsq-gui")
         self.worker: workers.Worker | None = None
         self.job: workers.SynthJob | None = None
-        self.results: dict[str, dict] = {}
+        self.results: dict[str, dict] = {}  # row label -> result (workers.synthesize_precisions)
+        self.floor: dict | None = None  # FP32 at seed + 1 against FP32 at seed, for this comparison
         self.key: tuple | None = None
         self.error_box: QMessageBox | None = None
         self.warnings: list[str] = []
@@ -118,6 +119,10 @@ class MainWindow(QMainWindow):
         self.asr.setToolTip("WER (English), CER (Mandarin) or MER (mixed) of what an offline Whisper hears against "
                             "the text typed; the first use loads the ASR (about 1 s). Needs the asr extra: "
                             "pip install -e '.[asr]'")
+        self.noise_floor = QCheckBox("noise floor (FP32 at a second seed)")
+        self.noise_floor.setToolTip("FP32 once more at seed + 1, scored against FP32 at the seed: how far apart two "
+                                    "equally good renditions are. A gap to FP32 inside that band is sampling noise, "
+                                    "not the precision")
         self.dnsmos = QCheckBox("DNSMOS (first use loads its models)")
         self.ttfa = QCheckBox("time to first audio (streams once more)")
         self.control_tokens = QCheckBox("read [laugh], [uv_break], ... as controls")
@@ -131,6 +136,7 @@ class MainWindow(QMainWindow):
         f.addRow("Top-k", self.top_k)
         f.addRow("Max steps", self.max_steps)
         f.addRow(self.asr)
+        f.addRow(self.noise_floor)
         f.addRow(self.dnsmos)
         f.addRow(self.ttfa)
         f.addRow(self.control_tokens)
@@ -164,6 +170,12 @@ class MainWindow(QMainWindow):
         self.progress.setRange(0, 1000)
         self.progress.setFormat("%p%")
         self.progress_label = QLabel("ready")
+        self.progress_label.setWordWrap(True)
+        self.warning_button = QPushButton()  # every warning of the last run, kept until the next run
+        self.warning_button.setFlat(True)
+        self.warning_button.setStyleSheet("color: #9a5b00; text-align: left")
+        self.warning_button.clicked.connect(self.show_warnings)
+        self.warning_button.hide()
         top = QWidget()
         tv = QVBoxLayout(top)
         tv.setContentsMargins(0, 0, 0, 0)
@@ -175,6 +187,7 @@ class MainWindow(QMainWindow):
         row.addWidget(self.progress, 1)
         tv.addLayout(row)
         tv.addWidget(self.progress_label)
+        tv.addWidget(self.warning_button)
 
         # right, middle: one tab per result, and playback
         self.tabs = QTabWidget()
@@ -186,6 +199,9 @@ class MainWindow(QMainWindow):
         self.play_button.setToolTip("Space")
         self.play_button.clicked.connect(self.toggle_play)
         self.a_combo, self.b_combo = QComboBox(), QComboBox()
+        for combo in (self.a_combo, self.b_combo):  # wide enough for an artifact's folder name
+            combo.setSizeAdjustPolicy(QComboBox.AdjustToContents)
+            combo.setMinimumContentsLength(8)
         self.ab_button = QPushButton("A/B: playing A")
         self.ab_button.setCheckable(True)
         self.ab_button.setToolTip("switch between A and B at the same position (Ctrl+B)")
@@ -212,6 +228,7 @@ class MainWindow(QMainWindow):
         self.table = ComparisonTable()
         self.table.itemSelectionChanged.connect(self._table_selected)
         self.chart = LatencyQualityChart()
+        self.chart.picked.connect(self.table.select)  # a click on a point selects its row (and its tab, A or B)
         self.chart_axis = QComboBox()
         for label, key, _ in QUALITY_AXES:
             self.chart_axis.addItem(label, key)
@@ -228,9 +245,9 @@ class MainWindow(QMainWindow):
         self.bottom = QSplitter(Qt.Horizontal)
         self.bottom.addWidget(self.table)
         self.bottom.addWidget(chart_box)
-        self.bottom.setStretchFactor(0, 1)
-        self.bottom.setStretchFactor(1, 1)
-        self.bottom.setSizes([560, 440])
+        self.bottom.setStretchFactor(0, 3)
+        self.bottom.setStretchFactor(1, 2)
+        self.bottom.setSizes([600, 400])
 
         self.right = QSplitter(Qt.Vertical)
         for w in (top, mid, self.bottom):
@@ -302,15 +319,37 @@ class MainWindow(QMainWindow):
         kind, desc = workers.model_kind(self.model_path())
         self.model_combo.setToolTip(self.model_combo.currentText())
         self.model_kind = kind
+        self.source_known, self.source = True, self.model_path()  # the model the precisions run on
+        note = ""
+        if kind in ("artifact", "onnx"):
+            self.source_known, self.source, name = workers.source_of(self.model_path())
+            if self.source_known:
+                desc += f", made from {name}"
+                note = (f"The artifact runs as it is, beside these precisions of its source model ({name}): tick "
+                        "fp32 to compare it with FP32.")
+            else:
+                note = (f"The artifact runs as it is; {name}, so there is no FP32 to compare it with. Quantize or "
+                        "export it again from its model to record it.")
         self.model_info.setText(desc)
         self.model_info.setStyleSheet("color: #b00020" if kind in ("missing", "invalid") else "")
-        fixed = kind in ("artifact", "onnx")
-        if self.busy() and self.job is not None and self.job.model != self.model_path():
+        if self.busy() and self.job is not None and self.model_path() not in (self.job.model, *self.job.artifacts.values()):
             self.statusBar().showMessage(f"the running synthesis finishes with {self.job.model or SHIPPED}; "
                                          "the new model is used from the next run", 15000)
-        self.precision_list.setEnabled(not fixed)
-        self.precision_note.setText("This model already has its precision: it runs as is (add its source model's "
-                                    "fp32 run first to get MCD against FP32)." if fixed else "")
+        self.precision_list.setEnabled(self.source_known)
+        self.precision_note.setText(note)
+        self._refresh_speakers()
+
+    def _refresh_speakers(self) -> None:
+        """The model's own voices first, then a few random speakers by seed."""
+        current = self.speaker.currentText()
+        voices = workers.model_voices(self.model_path())
+        if not voices and self.source_known and self.source != self.model_path():  # an artifact from before ttsq
+            voices = workers.model_voices(self.source)  # recorded its voices: its source's
+        self.speaker.blockSignals(True)
+        self.speaker.clear()
+        self.speaker.addItems(["", *voices, "seed:7", "seed:42", "seed:1337"])
+        self.speaker.setCurrentText(current)
+        self.speaker.blockSignals(False)
 
     def _refresh_precisions(self) -> None:
         import torch
@@ -365,18 +404,30 @@ class MainWindow(QMainWindow):
         self.model_combo.setCurrentText(text)
 
     # ------------------------------------------------------------------------------------------- synthesis
+    def artifact_label(self) -> str | None:
+        """The row of the artifact or ONNX folder picked: its folder name (a precision's name gets a suffix)."""
+        if self.model_kind not in ("artifact", "onnx"):
+            return None
+        from toolkit.precision.recipes import RECIPES
+        name = Path(self.model_path()).name
+        return f"{name} (as is)" if name in RECIPES or name == "noise floor" else name
+
     def make_job(self) -> workers.SynthJob:
         from toolkit.sampling import SamplingParams
         params = SamplingParams(temperature=self.temperature.value(), top_p=self.top_p.value(),
                                 top_k=self.top_k.value(), max_new_tokens=self.max_steps.value())
         speaker = self.speaker.currentText().strip() or None
         text = self.text.toPlainText().strip()
-        key = (self.model_path() if self.model_kind not in ("artifact", "onnx") else "any", text, speaker,
-               self.seed.value(), astuple(params), self.device(), self.control_tokens.isChecked())
-        return workers.SynthJob(self.model_path(), self.device(), self.checked_precisions(), text, speaker,
-                                self.seed.value(), params, self.dnsmos.isChecked(), self.asr.isChecked(),
+        label = self.artifact_label()
+        # one comparison per sentence, settings and source model: an artifact of that model joins it
+        base = self.source if self.source_known else self.model_path()
+        key = (base, text, speaker, self.seed.value(), astuple(params), self.device(), self.control_tokens.isChecked())
+        return workers.SynthJob(base, self.device(), self.checked_precisions() if self.source_known else [], text,
+                                speaker, self.seed.value(), params, self.dnsmos.isChecked(), self.asr.isChecked(),
                                 self.ttfa.isChecked(), self.control_tokens.isChecked(),
-                                intelligibility=self.intelligibility, key=key)
+                                intelligibility=self.intelligibility, key=key,
+                                artifacts={label: self.model_path()} if label else {},
+                                noise_floor=self.noise_floor.isChecked())
 
     def synthesize(self) -> None:
         if self.busy():
@@ -386,13 +437,23 @@ class MainWindow(QMainWindow):
         except ValueError as e:
             self.show_error("Invalid settings", str(e))
             return
-        if job.key != self.key:  # another sentence or setting: a new comparison
+        if job.key != self.key:  # another sentence, setting or source model: a new comparison
             self.clear_results()
             self.key = job.key
+        # what this comparison already has is kept, not measured again (Clear results measures it all again)
+        asked = job.precisions + list(job.artifacts)
+        job.precisions = [p for p in job.precisions if p not in self.results]
+        job.artifacts = {k: v for k, v in job.artifacts.items() if self.results.get(k, {}).get("model") != v}
+        job.noise_floor = job.noise_floor and self.floor is None
+        if asked and not job.precisions and not job.artifacts and not job.noise_floor:
+            self.progress_label.setText("nothing new to run: every row ticked has its result for this sentence and "
+                                        "these settings (Run ▸ Clear results measures them again)")
+            return
         ref = self.results.get(workers.FP32)
         job.reference = ref["utt"] if ref else None
         self.job = job
         self.warnings = []
+        self._show_warnings()
         self._save_settings()
         self.progress.setValue(0)
         self.progress_label.setText("starting…")
@@ -423,27 +484,56 @@ class MainWindow(QMainWindow):
             self.progress_label.setText(label)
         elif kind == "result":
             self.add_result(payload)
+        elif kind == "floor":
+            self.set_floor(payload)
         elif kind == "warning":
             self.warnings.append(payload)
-            self.statusBar().showMessage(f"warning: {payload}", 15000)
+            self._show_warnings()
 
     def _worker_finished(self) -> None:
         self.worker.wait()
         self.worker.deleteLater()
         self.worker = None
         if self.progress_label.text() not in ("cancelled",) and not self.progress_label.text().startswith("failed"):
-            self.progress_label.setText("done" + (f" ({len(self.warnings)} warning(s): see the status bar)"
+            self.progress_label.setText("done" + (f" ({len(self.warnings)} warning(s): see below the bar)"
                                                   if self.warnings else ""))
         self._update_buttons()
         if self._closing:
             self.close()
 
+    def _show_warnings(self) -> None:
+        n = len(self.warnings)
+        self.warning_button.setVisible(bool(n))
+        if n:
+            last = self.warnings[-1]
+            self.warning_button.setText(f"⚠ {n} warning{'s' if n > 1 else ''}: {last[:90]}{'…' if len(last) > 90 else ''}"
+                                        + (" (click for all)" if n > 1 else ""))
+            self.warning_button.setToolTip("\n".join(self.warnings))
+
+    def show_warnings(self) -> None:
+        if self.warnings:
+            self._open_box(QMessageBox(QMessageBox.Warning, "Warnings of the last run", "\n\n".join(self.warnings),
+                                       QMessageBox.Ok, self))
+
+    def set_floor(self, floor: dict) -> None:
+        """The noise floor of this comparison: a band on the chart and the table's verdict column."""
+        self.floor = floor
+        ref = self.results.get(workers.FP32)
+        self.chart.set_floor(floor, ref)
+        self._refresh_verdicts()
+
+    def _refresh_verdicts(self) -> None:
+        from . import report
+        ref = self.results.get(workers.FP32)
+        for name, res in self.results.items():
+            self.table.set_verdict(name, report.verdict(res, ref, self.floor) if self.floor else None, self.floor)
+
     def add_result(self, res: dict) -> None:
-        res["model"] = self.job.model if self.job else None
         new = res["name"] not in self.results
         self.results[res["name"]] = res
         self.table.set_result(res)
         self.chart.set_result(res)
+        self._refresh_verdicts()
         if self.tabs.widget(0) is self.placeholder:
             self.tabs.removeTab(0)
         names = list(self.results)
@@ -466,6 +556,7 @@ class MainWindow(QMainWindow):
     def clear_results(self) -> None:
         self.player.stop()
         self.results.clear()
+        self.floor = None
         self.key = None
         self.table.clear_results()
         self.chart.clear_results()
@@ -572,18 +663,19 @@ class MainWindow(QMainWindow):
             folder = QFileDialog.getExistingDirectory(self, "Folder for report.json, report.md, report.html")
             if not folder:
                 return
+        from dataclasses import replace
+
         from . import report
-        job, results = self.job, list(self.results.values())
+        results = list(self.results.values())
         ref = self.results.get(workers.FP32)
-        if ref is not None and ref.get("model") != job.model:  # the noise floor comes from FP32's own model
-            from dataclasses import replace
-            job = replace(job, model=ref.get("model"))
+        job = replace(self.job, model=ref["model"] if ref else self.job.model)  # the noise floor is FP32's model's
+        floor = self.floor
 
         def done(path):
             self.progress.setValue(1000)
             self.progress_label.setText(f"report saved to {path}")
             self.statusBar().showMessage(f"report saved to {path}", 15000)
-        self._run(lambda emit, stop: report.save_report(job, results, folder, emit, stop), "Could not save the report",
+        self._run(lambda emit, stop: report.save_report(job, results, folder, emit, stop, floor), "Could not save the report",
                   done)
 
     def open_quantize(self) -> None:
@@ -612,6 +704,8 @@ class MainWindow(QMainWindow):
         box.open()  # non-blocking: the window keeps running
 
     def show_error(self, title: str, message: str) -> None:
+        from .messages import for_gui
+        message = for_gui(message)  # the controls' names, not the command line's flags
         self.progress_label.setText(f"failed: {message[:120]}")
         self._open_box(QMessageBox(QMessageBox.Critical, title, message, QMessageBox.Ok, self))
 
@@ -636,6 +730,7 @@ class MainWindow(QMainWindow):
         self.max_steps.setValue(int(s.value("max_steps", 2048)))
         self.dnsmos.setChecked(s.value("dnsmos", "true") in (True, "true"))
         self.asr.setChecked(s.value("asr", "true") in (True, "true"))
+        self.noise_floor.setChecked(s.value("noise_floor", "true") in (True, "true"))
         i = self.chart_axis.findData(s.value("chart_axis", QUALITY_AXES[0][1]))
         self.chart_axis.setCurrentIndex(max(i, 0))
         self.ttfa.setChecked(s.value("ttfa", "true") in (True, "true"))
@@ -661,6 +756,7 @@ class MainWindow(QMainWindow):
             s.setValue(name, getattr(self, name).value())
         s.setValue("dnsmos", self.dnsmos.isChecked())
         s.setValue("asr", self.asr.isChecked())
+        s.setValue("noise_floor", self.noise_floor.isChecked())
         s.setValue("chart_axis", self.chart_axis.currentData())
         s.setValue("ttfa", self.ttfa.isChecked())
         s.setValue("control_tokens", self.control_tokens.isChecked())

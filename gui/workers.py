@@ -7,8 +7,10 @@
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import queue
+import re
 import threading
 import time
 import traceback
@@ -111,9 +113,9 @@ def start(worker: Worker, parent: QObject | None = None) -> Worker:
 # ----------------------------------------------------------------------------------------------- synthesis
 @dataclass
 class SynthJob:
-    model: str | None  # None: the shipped voice
+    model: str | None  # the model the precisions run on (None: the shipped voice); an artifact's source model
     device: str
-    precisions: list[str]
+    precisions: list[str]  # recipes applied to `model` at load
     text: str
     speaker: str | None = None
     seed: int = 0
@@ -125,6 +127,8 @@ class SynthJob:
     reference: object = None  # an FP32 Utterance of the same sentence, from an earlier run
     intelligibility: "Intelligibility | None" = None  # the window's ASR session; None: one for this job
     key: tuple = field(default_factory=tuple)
+    artifacts: dict[str, str] = field(default_factory=dict)  # {row label: quantized artifact or ONNX folder}, as is
+    noise_floor: bool = False  # also FP32 at seed + 1, scored against FP32 at seed: sampling's own spread
 
 
 class Intelligibility:
@@ -150,6 +154,17 @@ class Intelligibility:
         return heard, asr.errors(text, heard)
 
 
+def _manifest(root: Path) -> dict:
+    import json
+    for name in ("onnx_manifest.json", "manifest.json"):
+        if (root / name).is_file():
+            try:
+                return json.loads((root / name).read_text(encoding="utf-8"))
+            except (OSError, ValueError):
+                return {}
+    return {}
+
+
 def model_kind(path: str | None) -> tuple[str, str]:
     """(kind, description) of a model path: shipped | ttsq | artifact | chattts | onnx | missing | invalid."""
     from toolkit import checkpoint
@@ -159,7 +174,7 @@ def model_kind(path: str | None) -> tuple[str, str]:
     if not root.exists():
         return "missing", f"not found: {root}"
     if root.is_dir() and any(root.glob("*.onnx")) and not (root / "manifest.json").is_file():
-        return "onnx", "exported ONNX folder"
+        return "onnx", f"exported ONNX folder ({_manifest(root).get('precision', '?')})"
     try:
         layout = checkpoint.detect_layout(root)
     except Exception as e:  # noqa: BLE001
@@ -172,6 +187,36 @@ def model_kind(path: str | None) -> tuple[str, str]:
     if m.get("precision", "fp32") != "fp32" or "recipe" in m:
         return "artifact", f"quantized artifact ({m.get('precision', m.get('recipe'))})"
     return ("shipped" if not path else "ttsq"), ("shipped voice" if not path else "ttsq model (fp32)")
+
+
+def source_of(path: str) -> tuple[bool, str | None, str]:
+    """The model an artifact or ONNX folder was made from, as its manifest names it: (known, model path for
+    SynthJob.model (None: the shipped voice), what to tell the user)."""
+    from toolkit.synthesizer import DEFAULT_MODEL, source_path
+    name = _manifest(Path(path)).get("source")
+    src = source_path(name)
+    if src is None:
+        why = f"its source model {name} is no longer there" if name else "it does not record its source model"
+        return False, None, why
+    if src.resolve() == DEFAULT_MODEL.resolve():
+        return True, None, "shipped voice"
+    return True, str(src), str(src)
+
+
+def model_voices(path: str | None) -> list[str]:
+    """The named voices of a model, read from its manifest or its weights' header (nothing is loaded)."""
+    from toolkit.synthesizer import DEFAULT_MODEL
+    root = Path(path) if path else DEFAULT_MODEL
+    m = _manifest(root) if root.is_dir() else {}
+    names = m.get("voices") or (m.get("voice") or {}).get("speakers") or []
+    if not names and (root / "model.safetensors").is_file():
+        try:
+            from safetensors import safe_open
+            with safe_open(str(root / "model.safetensors"), "pt") as f:
+                names = [k[len("voice."):] for k in f.keys() if k.startswith("voice.")]
+        except Exception:  # noqa: BLE001 -- a broken file is reported when it is loaded, not here
+            names = []
+    return [str(n) for n in names]
 
 
 def _folder_bytes(root: Path) -> int:
@@ -188,7 +233,7 @@ class _EdgeAdapter:
         self.precision = f"onnx {self.edge.precision}"
         self.device = torch.device("cpu") if "CUDA" not in str(self.edge.sessions.providers) else torch.device("cuda")
 
-    def synthesize(self, text, *, should_stop=None, **kwargs):
+    def synthesize(self, text, *, should_stop=None, progress=None, **kwargs):
         if should_stop is not None and should_stop():
             raise InterruptedError("synthesis cancelled")
         return self.edge.synthesize(text, **kwargs)
@@ -201,76 +246,118 @@ def _load_onnx(path: str, device: str):
     return _EdgeAdapter(path, device)
 
 
+STEPS_PER_CHAR = 3.5  # GPT steps per character of English speech (about 13 characters a second at 46.9 steps/s)
+
+
+@contextlib.contextmanager
+def _warnings_as_events(emit, label: str):
+    """This run's warnings, each as a ("warning", "label: message") event while the run goes on."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        yield
+    for w in caught:
+        emit("warning", f"{label}: " + re.sub(r"^text \d+: ", "", str(w.message)))
+
+
 def synthesize_precisions(job: SynthJob, emit, should_stop) -> list[dict]:
-    """For each precision: load, warm up, synthesize (with progress and cancel), time to first audio (stream),
-    then MCD against FP32 and DNSMOS from evaluation.metrics. Emits ("result", dict) as each one is ready."""
+    """Each precision of job.model, then each of job.artifacts as it is: load, warm up, synthesize (with progress
+    per chunk of GPT steps, and cancel), time to first audio (stream), then MCD against FP32, DNSMOS and the ASR
+    from evaluation. Emits ("result", dict) as each one is ready, and ("floor", dict) once FP32 at another seed
+    is scored (job.noise_floor)."""
     import torch
 
     from toolkit.precision import state_bytes
     from toolkit.synthesizer import Synthesizer, load_model
 
     kind, _ = model_kind(job.model)
-    if kind in ("missing", "invalid"):
+    if job.precisions and kind in ("missing", "invalid"):
         from toolkit.checkpoint import detect_layout
         detect_layout(Path(job.model or ""))  # raises the library's own message
-    names = [FP32] + [p for p in job.precisions if p != FP32] if FP32 in job.precisions else list(job.precisions)
-    if kind in ("artifact", "onnx"):
-        names = [Path(job.model).name]
-    if not names:
-        raise ValueError("pick at least one precision")
+    for label, folder in job.artifacts.items():
+        if model_kind(folder)[0] in ("missing", "invalid"):
+            from toolkit.checkpoint import detect_layout
+            detect_layout(Path(folder))
+    ordered = [FP32] + [p for p in job.precisions if p != FP32] if FP32 in job.precisions else list(job.precisions)
+    runs = [(p, None) for p in ordered] + list(job.artifacts.items())  # (row label, None | folder run as is)
+    if not runs:
+        raise ValueError("tick at least one precision in the Precisions list")
     if not job.text.strip():
         raise ValueError("type a sentence to synthesize")
+    floor_after = FP32 in ordered or job.reference is not None
     phases = 5  # load, warm-up, synthesize, first audio, metrics
-    total = len(names) * phases
+    total = len(runs) * phases + (phases if job.noise_floor and floor_after else 0)
+    expected = max(STEPS_PER_CHAR * len(job.text), 32.0)
 
     def step(i: int, phase: int, label: str, frac: float = 0.0):
-        emit("progress", ((i * phases + phase + frac) / total, label))
+        emit("progress", ((i * phases + phase + min(frac, 1.0)) / total, label))
 
-    same = dict(speaker=job.speaker, seed=job.seed, control_tokens=job.control_tokens)  # every call, every precision
+    def ticking(i: int, name: str, chunk: int):
+        """should_stop, polled once per chunk of GPT steps: also the progress within a sentence batch."""
+        state = {"steps": 0, "done": 0, "n": 1}
+
+        def sentence(d, n):
+            state.update(done=d, n=n, steps=0)
+
+        def poll():
+            state["steps"] += chunk
+            d, n, st = state["done"], state["n"], state["steps"]
+            within = min(st / expected, 0.95)
+            step(i, 2, f"{name}: sentence {min(d + 1, n)}/{n}, {st} steps ({st / 46.875:.1f} s of audio)",
+                 (d + within) / max(n, 1))
+            return should_stop()
+        return poll, sentence
+
+    same = dict(speaker=job.speaker, seed=job.seed, control_tokens=job.control_tokens)  # every call, every run
     asr = (job.intelligibility or Intelligibility()) if job.asr else None
     base = None
     reference = job.reference
     results = []
-    for i, name in enumerate(names):
+    floor_later = job.noise_floor and FP32 not in ordered and job.reference is not None  # FP32 from an earlier run
+    for i, (name, folder) in enumerate(runs):
         if should_stop():
             raise InterruptedError
         step(i, 0, f"{name}: loading")
-        if kind == "onnx":
-            synth, size = _load_onnx(job.model, job.device), _folder_bytes(Path(job.model))
-        elif kind == "artifact":
-            synth = Synthesizer(job.model, job.device)
-            size = _folder_bytes(Path(job.model))
+        if folder is not None and model_kind(folder)[0] == "onnx":
+            synth, size = _load_onnx(folder, job.device), _folder_bytes(Path(folder))
+        elif folder is not None:
+            synth, size = Synthesizer(folder, job.device), _folder_bytes(Path(folder))
         else:
             if base is None:
                 base = load_model(job.model, "cpu")
-            model = copy.deepcopy(base) if i < len(names) - 1 else base
+            last = i == len(ordered) - 1 and not floor_later  # a recipe changes the model in place
+            model = base if last else copy.deepcopy(base)
             synth = Synthesizer(model, job.device, None if name == FP32 else name)
             size = state_bytes(synth.model)
         dev = synth.device
         step(i, 1, f"{name}: warm-up")
-        synth.synthesize(job.text, **same,
-                         params=replace(job.params, max_new_tokens=min(8, job.params.max_new_tokens),
-                                        min_new_tokens=0), should_stop=should_stop)
+        with warnings.catch_warnings():  # 8 steps nobody listens to always hit their limit: not the user's audio
+            warnings.simplefilter("ignore")
+            synth.synthesize(job.text, **same,
+                             params=replace(job.params, max_new_tokens=min(8, job.params.max_new_tokens),
+                                            min_new_tokens=0), should_stop=should_stop)
         if dev.type == "cuda":
             torch.cuda.synchronize(dev)
             torch.cuda.reset_peak_memory_stats(dev)
         step(i, 2, f"{name}: synthesizing")
+        chunk = getattr(getattr(synth, "engine", None), "chunk", 16)
+        poll, sentence = ticking(i, name, chunk)
         t0 = time.perf_counter()
-        utt = synth.synthesize(job.text, **same, params=job.params, should_stop=should_stop,
-                               progress=lambda d, n: step(i, 2, f"{name}: sentence {d}/{n}", d / max(n, 1)))[0]
+        with _warnings_as_events(emit, name):
+            utt = synth.synthesize(job.text, **same, params=job.params, should_stop=poll, progress=sentence)[0]
         latency = time.perf_counter() - t0
         peak = torch.cuda.max_memory_allocated(dev) if dev.type == "cuda" else None
         ttfa = None
         if job.time_to_first_audio and not should_stop():
             step(i, 3, f"{name}: time to first audio")
             t0 = time.perf_counter()
-            pieces = synth.stream(job.text, **same, params=job.params)
-            for _ in pieces:
-                if dev.type == "cuda":
-                    torch.cuda.synchronize(dev)
-                ttfa = time.perf_counter() - t0
-                break
-            pieces.close()
+            with _warnings_as_events(lambda *_: None, name):  # the same audio as above: its warnings are said
+                pieces = synth.stream(job.text, **same, params=job.params)
+                for _ in pieces:
+                    if dev.type == "cuda":
+                        torch.cuda.synchronize(dev)
+                    ttfa = time.perf_counter() - t0
+                    break
+                pieces.close()
         if should_stop():
             raise InterruptedError
         step(i, 4, f"{name}: scoring")
@@ -278,6 +365,7 @@ def synthesize_precisions(job: SynthJob, emit, should_stop) -> list[dict]:
                "duration_s": utt.duration, "steps": utt.steps, "hit_limit": utt.hit_limit,
                "timings": dict(utt.timings), "latency_s": latency, "rtf": latency / max(utt.duration, 1e-9),
                "time_to_first_audio_s": ttfa, "size_bytes": size, "peak_gpu_bytes": peak, "device": str(dev),
+               "model": folder if folder is not None else job.model, "as_is": folder is not None,
                "mcd_db": None, "mcd_note": "", "dnsmos_ovrl": None, "dnsmos_note": "",
                "asr_rate": None, "asr": None, "asr_note": "", "asr_settings": None}
         _score(res, reference, job.dnsmos)
@@ -286,11 +374,33 @@ def synthesize_precisions(job: SynthJob, emit, should_stop) -> list[dict]:
             reference = utt
         results.append(res)
         emit("result", res)
+        if name == FP32 and job.noise_floor:
+            _noise_floor(job, synth, utt, asr, emit, should_stop, lambda label: step(len(runs), 0, label))
         del synth
         if dev.type == "cuda":
             torch.cuda.empty_cache()
+    if floor_later:
+        step(len(runs), 0, "fp32: loading for the noise floor")
+        synth = Synthesizer(base if base is not None else load_model(job.model, "cpu"), job.device)
+        _noise_floor(job, synth, job.reference, asr, emit, should_stop, lambda label: step(len(runs), 1, label))
     emit("progress", (1.0, "done"))
     return results
+
+
+def _noise_floor(job: SynthJob, synth, reference, asr, emit, should_stop, say) -> None:
+    """FP32 at seed + 1 against FP32 at seed (gui.report.measure_noise_floor), scored like a result: how far apart
+    two equally good renditions of this sentence are, so that a precision's gap to FP32 can be read against it."""
+    from . import report
+    say(f"fp32 at seed {job.seed + 1}: noise floor")
+    with _warnings_as_events(emit, f"fp32 at seed {job.seed + 1}"):
+        floor = report.measure_noise_floor(job, reference, should_stop=should_stop, synth=synth)
+    res = {"name": "noise floor", "wav": floor["utt"].wav, "sample_rate": floor["utt"].sample_rate,
+           "dnsmos_ovrl": None, "dnsmos_note": "", "asr_rate": None, "asr": None, "asr_note": ""}
+    _score(res, None, job.dnsmos)
+    _score_asr(res, spoken_text(job), asr)
+    floor.update(seed=job.seed + 1, mcd_db=floor["per"].get(report.RID), dnsmos_ovrl=res["dnsmos_ovrl"],
+                 asr_rate=res["asr_rate"], asr=res["asr"])
+    emit("floor", floor)
 
 
 def _score(res: dict, reference, with_dnsmos: bool) -> None:
@@ -298,7 +408,9 @@ def _score(res: dict, reference, with_dnsmos: bool) -> None:
     from evaluation import metrics
 
     sr = res["sample_rate"]
-    if res["name"] == FP32:
+    if res["name"] == "noise floor":
+        pass
+    elif res["name"] == FP32:
         res["mcd_db"], res["mcd_note"] = 0.0, "the reference"
     elif reference is None:
         res["mcd_note"] = "no FP32 result for this sentence: add fp32 to compare"

@@ -173,6 +173,7 @@ def test_cli_quantize(tiny_dir, tmp_path):
     r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
     assert r.returncode == 0, r.stderr
     assert "| int8 |" in r.stdout and "err gpt" in r.stdout
+    assert "stages: calibrate, reference outputs, scale search, sensitivity, quantize, stage errors, save" in r.stderr
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["calibration"]["sha256"] and list(manifest["layers"].values()).count("float (sensitive)") == 1
     r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
@@ -256,3 +257,26 @@ def test_every_cpu_artifact_loads_and_speaks_the_same_in_a_fresh_process(reports
                                    err_msg=name)
     kinds = {name: sorted({type(w).__name__ for w in reports[name][0].state_dict().values()}) for name in runs}
     assert "Int4OpaqueTensor" in kinds["int4-g32"] and "Int8Tensor" in kinds["w8a8"]  # the test tests something
+
+
+@pytest.mark.parametrize("name,keep", [("int4-g32", 1), ("int8", 0)])
+def test_quantize_reports_every_stage_and_records_its_source(tiny_dir, tmp_path, name, keep):
+    """Issue 40, item 3: every stage reports its own progress, in the order plan_stages announces, each ending at
+    done == total (no stage sits silent after calibration); the artifact names the model it came from, and gets the
+    umask's mode, not mkdtemp's 0700."""
+    from toolkit.quantize_job import plan_stages, quantize_to_artifact
+    seen = []
+    old = os.umask(0o022)
+    try:
+        out, _ = quantize_to_artifact(str(tiny_dir), name, tmp_path / "q", calib_set=ROOT / "calibration_sets" /
+                                      "smoke.jsonl", limit=2, max_steps=8, keep_sensitive=keep,
+                                      progress=lambda *a: seen.append(a))
+    finally:
+        os.umask(old)
+    order = list(dict.fromkeys(s for s, _, _ in seen))
+    assert order == plan_stages(name, True, keep) and "stage errors" in order
+    for stage in order:
+        steps = [(d, n) for s, d, n in seen if s == stage]
+        assert steps[-1][0] == steps[-1][1] and [d for d, _ in steps] == sorted(d for d, _ in steps), stage
+    assert json.loads((out / "manifest.json").read_text())["source"] == str(Path(tiny_dir).resolve())
+    assert out.stat().st_mode & 0o777 == 0o755

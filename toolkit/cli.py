@@ -86,11 +86,13 @@ def cmd_info(a) -> int:
     info = {"path": str(root), "layout": layout, "precision": manifest.get("precision", "fp32"),
             "size_bytes": size, "parameters": counts, "parameters_total": sum(counts.values()),
             "voices": sorted(model.voices), "default_voice": model.default_voice,
-            "frontend": manifest.get("frontend"), "config": model.cfg.to_dict()}
+            "frontend": manifest.get("frontend"), "source": manifest.get("source"), "config": model.cfg.to_dict()}
     if a.json:
         print(json.dumps(info, indent=2))
         return 0
     print(f"{root}  ({layout}, {info['precision']}, {size / 2**20:.1f} MiB on disk)")
+    if info["source"]:
+        print(f"  quantized from: {info['source']}")
     for k, v in counts.items():
         print(f"  {k:8s} {v / 1e6:8.2f} M parameters")
     print(f"  total    {info['parameters_total'] / 1e6:8.2f} M")
@@ -106,10 +108,16 @@ def cmd_info(a) -> int:
 
 
 def cmd_quantize(a) -> int:
-    from .quantize_job import quantize_to_artifact
+    from .quantize_job import calibration_texts, plan_stages, quantize_to_artifact
 
+    limit = a.limit if a.limit is not None else calibration_texts(a.device)
+    stages = plan_stages(a.precision, a.calib is not None, a.keep_sensitive, a.target_error, not a.no_awq)
+    if a.calib is not None:  # the cost up front: it scales with texts x steps
+        print(f"quantize {a.precision}: calibrating on {limit} texts of {a.calib} x up to {a.max_steps} GPT steps "
+              f"(--limit, --max-steps); stages: {', '.join(stages)}. Each stage shows its own progress and ETA.",
+              file=sys.stderr, flush=True)
     out, report = quantize_to_artifact(a.model, a.precision, a.out, calib_set=a.calib, device=a.device,
-                                       limit=a.limit, max_steps=a.max_steps, awq=not a.no_awq,
+                                       limit=limit, max_steps=a.max_steps, awq=not a.no_awq,
                                        keep_sensitive=a.keep_sensitive, target_error=a.target_error,
                                        force=a.force, progress=progress_bar("quantize"), float_dtype=a.float_dtype)
     plan = report.plan
@@ -208,7 +216,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--precision", required=True)
     s.add_argument("--calib", help="calibration set (JSONL); without it: plain round-to-nearest")
     s.add_argument("--out", required=True, help="artifact folder to write (atomically)")
-    s.add_argument("--limit", type=int, default=32, help="calibration texts to use (default 32)")
+    s.add_argument("--limit", type=int, default=None,
+                   help="calibration texts to use (default: 8 on the CPU, 32 on a GPU; the time grows with it)")
     s.add_argument("--max-steps", type=int, default=96, help="GPT steps generated per calibration text")
     s.add_argument("--keep-sensitive", type=int, default=0, help="keep the N most sensitive layers in float")
     s.add_argument("--target-error", type=float, default=None, help="keep layers in float until the summed "

@@ -42,6 +42,7 @@ def atomic_dir(out: Path, *, force: bool = False):
     try:
         parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=parent))
+        tmp.chmod(default_mode(folder=True))
     except OSError as e:
         raise PermissionError(f"cannot write to {parent}: {e.strerror}. Choose a writable --out") from e
     try:
@@ -77,12 +78,25 @@ def _commit_lock(out: Path):
         os.rmdir(lock)
 
 
+def _umask() -> int:
+    mask = os.umask(0o022)  # reading the umask means setting it: put it straight back
+    os.umask(mask)
+    return mask
+
+
+def default_mode(folder: bool = False) -> int:
+    """The mode open()/mkdir() would give a new file or folder under the user's umask. mkstemp and mkdtemp create
+    0600/0700, which would otherwise be what the user gets once the temporary is renamed into place."""
+    return (0o777 if folder else 0o666) & ~_umask()
+
+
 def atomic_write_bytes(path: Path, data: bytes) -> None:
     path = Path(path)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent or ".")
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
+            os.fchmod(f.fileno(), default_mode())
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(OSError):

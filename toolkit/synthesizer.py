@@ -21,6 +21,24 @@ from .prompt import encode_prompts, resolve_speaker
 from .sampling import SamplingParams
 
 DEFAULT_MODEL = Path(__file__).parent / "assets" / "voice"
+SHIPPED_VOICE = "shipped voice"  # how a manifest names DEFAULT_MODEL as a source: its path differs per install
+
+
+def source_name(path: str | Path | None) -> str:
+    """What an artifact or export records as the model it came from: an absolute path, or SHIPPED_VOICE."""
+    if path is None or Path(path).resolve() == DEFAULT_MODEL.resolve():
+        return SHIPPED_VOICE
+    return str(Path(path).resolve())
+
+
+def source_path(name: str | None) -> Path | None:
+    """The model a manifest's "source" names (source_name's inverse; older exports wrote the shipped voice's path):
+    DEFAULT_MODEL, an existing folder, or None when it is not recorded or no longer there."""
+    if not name:
+        return None
+    if name == SHIPPED_VOICE:
+        return DEFAULT_MODEL
+    return Path(name) if Path(name).is_dir() else None
 
 
 class NumericalError(RuntimeError):

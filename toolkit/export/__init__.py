@@ -101,13 +101,15 @@ def export_onnx(model_path, precision: str, out, *, calib_set=None, force: bool 
     with tempfile.TemporaryDirectory(prefix="ttsq-export-") as work, atomic_dir(out, force=force) as tmp:
         work = Path(work)
         with torch.no_grad():
-            step(stages[0], 0, len(stages))
+            step(stages[0], 0, 1)
             export_gpt(model.gpt, work / "gpt.onnx", OPSET)
-            step(stages[1], 1, len(stages))
+            step(stages[0], 1, 1)
+            step(stages[1], 0, 1)
             export_decoder(model, work / "decoder.onnx", OPSET)
-            step(stages[2], 2, len(stages))
+            step(stages[1], 1, 1)
+            step(stages[2], 0, 1)
             export_vocos(model, work / "vocos.onnx", OPSET)
-        step(stages[3], 3, len(stages))
+            step(stages[2], 1, 1)
         kind = spec["kind"]
         feeds = None
         calib_meta = None
@@ -115,7 +117,8 @@ def export_onnx(model_path, precision: str, out, *, calib_set=None, force: bool 
             dec_feeds, voc_feeds, calib_meta = _record_activations(model, model_path, calib_set, calib_limit,
                                                                    calib_steps, progress)
             feeds = {"decoder": dec_feeds, "vocos": voc_feeds}
-        for g in GRAPHS:
+        for i, g in enumerate(GRAPHS):
+            step(stages[3], i, len(GRAPHS))
             src, dst = work / f"{g}.onnx", tmp / f"{g}.onnx"
             if kind == "fp32":
                 shutil.copyfile(src, dst)
@@ -129,7 +132,8 @@ def export_onnx(model_path, precision: str, out, *, calib_set=None, force: bool 
                     quant[g] = q.int8_dynamic(src, dst)
             else:  # int4: the GPT's MatMuls in 4 bits; the convolution stacks' MatMuls in int8
                 quant[g] = q.int4(src, dst, spec["block"], spec["algo"]) if g == "gpt" else q.int8_dynamic(src, dst)
-        step(stages[4], 4, len(stages))
+        step(stages[3], len(GRAPHS), len(GRAPHS))
+        step(stages[4], 0, 1)
         shutil.copyfile(model.tokenizer.path, tmp / "tokenizer.json")
         np.save(tmp / "spk_stat.npy", model.spk_stat.float().numpy())
         voices = {}
@@ -141,13 +145,14 @@ def export_onnx(model_path, precision: str, out, *, calib_set=None, force: bool 
         manifest = _manifest(model, spec, quant, tmp, voices, calib_meta, model_path)
         manifest["export_seconds"] = round(time.perf_counter() - t0, 2)
         (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
-        step("done", len(stages), len(stages))
+        step(stages[4], 1, 1)
     return out
 
 
 def _manifest(model, spec, quant, folder: Path, voices, calib_meta, source) -> dict:
     from ..checkpoint import sha256_file
     from ..sampling import SamplingParams
+    from ..synthesizer import source_name
     import dataclasses
 
     tok = model.tokenizer
@@ -158,7 +163,7 @@ def _manifest(model, spec, quant, folder: Path, voices, calib_meta, source) -> d
     g = model.cfg.gpt
     return {
         "format": FORMAT, "format_version": FORMAT_VERSION, "precision": spec["name"], "opset": OPSET,
-        "source": str(source),
+        "source": source_name(source),
         "graphs": {name: {"file": f"{name}.onnx", **_io(folder / f"{name}.onnx"), "quantization": quant[name]}
                    for name in GRAPHS},
         "decode": {"cache": "grown: present_* (B,H,P+T,K) of one call is the next call's past_*",

@@ -18,7 +18,9 @@ def _versions() -> dict[str, str]:
     return {"torch": torch.__version__.split("+")[0], "torchao": torchao.__version__}
 
 
-def save_artifact(model: TTSModel, out: str | Path, *, force: bool = False, calib: dict | None = None) -> Path:
+def save_artifact(model: TTSModel, out: str | Path, *, force: bool = False, calib: dict | None = None,
+                  source: str | None = None) -> Path:
+    """source: the model quantized (toolkit.synthesizer.source_name), so that the artifact can be compared with it."""
     report = getattr(model, "quant_report", None)
     if report is None:
         raise ValueError("the model was not quantized with toolkit.precision.quantize")
@@ -30,8 +32,8 @@ def save_artifact(model: TTSModel, out: str | Path, *, force: bool = False, cali
         layers = {**{n: report.precision for n in plan.quantize}, **{n: "float (sensitive)" for n in plan.keep},
                   **{n: "float (shape)" for n in plan.skipped}}
         write_manifest(tmp, {
-            "precision": report.precision, "recipe": dict(RECIPES[report.precision].__dict__),
-            "frontend": getattr(model, "frontend", None),
+            "precision": report.precision, "recipe": dict(RECIPES[report.precision].__dict__), "source": source,
+            "frontend": getattr(model, "frontend", None), "voices": sorted(getattr(model, "voices", {}) or {}),
             "device_kind": report.device, "dtype": str(model.gpt.norm.weight.dtype).removeprefix("torch."),
             "config": model.cfg.to_dict(), "layers": layers, "awq_alphas": plan.alphas, "int4_clip_ratios": plan.clipped,
             "sensitivity": plan.scores, "calibration": calib or {}, "errors": report.errors,

@@ -159,12 +159,15 @@ def fold_target(model: TTSModel, name: str) -> tuple[Tensor, ...] | None:
 
 @torch.inference_mode()
 def activation_aware_scale(model: TTSModel, recipe: Recipe, inputs: dict[str, Tensor],
-                           grid: Sequence[float] = tuple(i / 10 for i in range(11))) -> dict[str, float]:
+                           grid: Sequence[float] = tuple(i / 10 for i in range(11)),
+                           progress: Callable[[int, int], None] | None = None) -> dict[str, float]:
     """Per Linear, pick alpha on a grid to minimise ||Q(W s) (x / s) - W x|| on calibration rows, with
     s = mean|x|^alpha (AWQ; for W8A8 s = max|x|^alpha / max|W|^(1-alpha), SmoothQuant). Returns chosen alphas."""
     mods = dict(model.named_modules())
     chosen = {}
-    for name, x in inputs.items():
+    for i, (name, x) in enumerate(inputs.items()):
+        if progress:
+            progress(i, len(inputs))
         lin, target = mods[name], fold_target(model, name)
         if target is None or not takes(recipe, lin):
             continue
@@ -193,7 +196,8 @@ def activation_aware_scale(model: TTSModel, recipe: Recipe, inputs: dict[str, Te
 
 @torch.inference_mode()
 def search_clipping(model: TTSModel, recipe: Recipe, inputs: dict[str, Tensor], rows: int = 256,
-                    ratios: Sequence[float] = tuple(1 - i / 20 for i in range(10))) -> dict[str, Tensor]:
+                    ratios: Sequence[float] = tuple(1 - i / 20 for i in range(10)),
+                    progress: Callable[[int, int], None] | None = None) -> dict[str, Tensor]:
     """AWQ's clipping search for int4: per output row and group, the shrink r of the [min, max] range that
     minimises ||(Q(clip(W)) - W) x|| on calibration rows (a narrower range rounds finer; outliers pay).
     -> {name: r (O, G)}; apply with `clip_weights`. Leaves the model unchanged."""
@@ -201,7 +205,9 @@ def search_clipping(model: TTSModel, recipe: Recipe, inputs: dict[str, Tensor], 
         return {}
     mods = dict(model.named_modules())
     found = {}
-    for name, x in inputs.items():
+    for i, (name, x) in enumerate(inputs.items()):
+        if progress:
+            progress(i, len(inputs))
         lin = mods[name]
         if not takes(recipe, lin):
             continue
