@@ -179,7 +179,7 @@ def create_app(scheduler: Scheduler, cfg: ServerConfig | None = None) -> FastAPI
             job.cancel()  # a no-op once ended; frees the slot if this handler is cancelled
         if kind == "error":
             raise error_of(data)
-        body = formats.encode(np.concatenate(pieces), sample_rate, req.response_format)
+        body = await asyncio.to_thread(formats.encode, np.concatenate(pieces), sample_rate, req.response_format)
         return Response(body, media_type=formats.media_type(req.response_format))
 
     return app
