@@ -7,7 +7,7 @@ from pathlib import Path
 from PySide6.QtCore import QSettings, Qt, QTimer
 from PySide6.QtGui import QAction, QKeySequence, QShortcut
 from PySide6.QtWidgets import (QCheckBox, QComboBox, QDoubleSpinBox, QFileDialog, QFormLayout, QGroupBox,
-                               QHBoxLayout, QLabel, QListWidget, QListWidgetItem, QMainWindow, QMessageBox,
+                               QHBoxLayout, QLabel, QLineEdit, QListWidget, QListWidgetItem, QMainWindow, QMessageBox,
                                QPlainTextEdit, QProgressBar, QPushButton, QScrollArea, QSpinBox, QSplitter,
                                QTabWidget, QVBoxLayout, QWidget)
 
@@ -102,7 +102,14 @@ class MainWindow(QMainWindow):
         self.speaker.setEditable(True)
         self.speaker.addItems(["", "seed:7", "seed:42", "seed:1337"])
         self.speaker.lineEdit().setPlaceholderText("model default")
-        self.speaker.setToolTip("a voice name of the model, or seed:N for a random speaker")
+        self.speaker.setToolTip("a voice name of the model, seed:N, chattts-seed:N (ChatTTS's random speaker N), a "
+                                "ChatTTS speaker string, or a .pt/.npy/.txt speaker file (…)")
+        self.speaker_file = QPushButton("…")
+        self.speaker_file.setToolTip("pick a .pt/.npy/.txt speaker file")
+        self.speaker_file.clicked.connect(self.pick_speaker_file)
+        self.speaker_text = QLineEdit()
+        self.speaker_text.setPlaceholderText("transcript of a sample-audio speaker")
+        self.speaker_text.setToolTip("for a ChatTTS sample-audio speaker (ttsq speaker from-audio): what its sample says")
         self.seed = QSpinBox()
         self.seed.setRange(0, 2 ** 31 - 1)
         self.temperature = QDoubleSpinBox()
@@ -129,7 +136,11 @@ class MainWindow(QMainWindow):
         self.control_tokens.setToolTip("ChatTTS control tokens in the text; unticked, they are read as plain text")
         samp_box = QGroupBox("Speaker and sampling")
         f = QFormLayout(samp_box)
-        f.addRow("Speaker", self.speaker)
+        row = QHBoxLayout()
+        row.addWidget(self.speaker, 1)
+        row.addWidget(self.speaker_file)
+        f.addRow("Speaker", row)
+        f.addRow("Sample text", self.speaker_text)
         f.addRow("Seed", self.seed)
         f.addRow("Temperature", self.temperature)
         f.addRow("Top-p", self.top_p)
@@ -416,18 +427,27 @@ class MainWindow(QMainWindow):
         from toolkit.sampling import SamplingParams
         params = SamplingParams(temperature=self.temperature.value(), top_p=self.top_p.value(),
                                 top_k=self.top_k.value(), max_new_tokens=self.max_steps.value())
-        speaker = self.speaker.currentText().strip() or None
+        from toolkit.speakers import with_transcript
+        typed = self.speaker.currentText().strip() or None
+        transcript = self.speaker_text.text().strip() or None
+        speaker = with_transcript(typed, transcript)  # a malformed speaker is an "Invalid settings" dialog now
         text = self.text.toPlainText().strip()
         label = self.artifact_label()
         # one comparison per sentence, settings and source model: an artifact of that model joins it
         base = self.source if self.source_known else self.model_path()
-        key = (base, text, speaker, self.seed.value(), astuple(params), self.device(), self.control_tokens.isChecked())
+        key = (base, text, typed, transcript, self.seed.value(), astuple(params), self.device(),
+               self.control_tokens.isChecked())
         return workers.SynthJob(base, self.device(), self.checked_precisions() if self.source_known else [], text,
                                 speaker, self.seed.value(), params, self.dnsmos.isChecked(), self.asr.isChecked(),
                                 self.ttfa.isChecked(), self.control_tokens.isChecked(),
                                 intelligibility=self.intelligibility, key=key,
                                 artifacts={label: self.model_path()} if label else {},
                                 noise_floor=self.noise_floor.isChecked())
+
+    def pick_speaker_file(self) -> None:
+        path, _ = QFileDialog.getOpenFileName(self, "Speaker file", str(Path.cwd()), "Speakers (*.pt *.npy *.txt)")
+        if path:
+            self.speaker.setCurrentText(path)
 
     def synthesize(self) -> None:
         if self.busy():

@@ -117,7 +117,7 @@ class SynthJob:
     device: str
     precisions: list[str]  # recipes applied to `model` at load
     text: str
-    speaker: str | None = None
+    speaker: object = None  # as typed (a name, seed, string or file), or a toolkit.speakers.SampleSpeaker
     seed: int = 0
     params: object = None  # toolkit.SamplingParams
     dnsmos: bool = True

@@ -114,6 +114,30 @@ def test_speakers_match_torch(tiny_synth, edge):
         edge.speaker_vector("bob")
 
 
+def test_speaker_strings_and_samples_match_torch(tiny_synth, edge, tmp_path):
+    """The runtime reads ChatTTS speaker strings, chattts-seed:N and sample-audio speakers as the torch side does."""
+    from toolkit.prompt import encode_prompts
+    from toolkit.runtime import SamplingParams
+    from toolkit.speakers import SampleSpeaker, encode_vector
+
+    vec = np.random.default_rng(3).standard_normal(64).astype(np.float16)
+    string = encode_vector(vec)
+    np.save(tmp_path / "v.npy", vec)
+    for s in (string, "chattts-seed:2222", str(tmp_path / "v.npy")):
+        assert np.array_equal(edge.speaker_vector(s), tiny_synth.speaker_vector(s).numpy()), s
+    sample = SampleSpeaker(np.random.default_rng(4).integers(0, 625, (4, 9)), "hello")
+    voice = tiny_synth.voice(sample)
+    emb, valid = encode_prompts(tiny_synth.model, ["good day."], voice)
+    want = tiny_synth.model.gpt.forward_full(emb, valid)[0, -1]
+    spk, codes, text = edge.voice(sample)
+    assert spk is None and text == "hello"
+    ids, ok = edge.encode(["good day."], text, speaker=False)
+    chunk = next(edge.engine.stream(ids, ok, np.zeros((1, 64), np.float32), None, SamplingParams(max_new_tokens=1),
+                                    sample=codes))
+    assert rel(chunk.hidden[0, 0], want.numpy()) < 1e-4
+    assert edge.synthesize("good day.", speaker=sample, params=SamplingParams(max_new_tokens=4))[0].steps > 0
+
+
 def test_sampling_matches_torch():
     from toolkit.runtime.sampling import SamplingParams as NP, process_logits as np_pl
     from toolkit.sampling import SamplingParams, process_logits

@@ -370,6 +370,28 @@ def test_control_tokens_follow_the_checkbox(qtbot, win, tmp_path, monkeypatch):
     assert len(seen) >= 3 and all(seen), seen
 
 
+def test_speaker_field_takes_strings_and_files(qtbot, win, tmp_path):
+    import numpy as np
+
+    from toolkit.speakers import encode_vector
+    vec = np.random.default_rng(0).standard_normal(64).astype(np.float16)
+    win.speaker.setCurrentText(encode_vector(vec))  # a ChatTTS speaker string
+    win.synthesize()
+    _wait_idle(qtbot, win)
+    assert win.error_box is None, win.error_box.text()
+    assert "fp32" in win.results
+    np.save(tmp_path / "short.npy", vec[:10])  # a file, but a vector made for another model
+    win.speaker.setCurrentText(str(tmp_path / "short.npy"))
+    win.synthesize()
+    _wait_idle(qtbot, win)
+    assert win.error_box is not None and "another model" in win.error_box.text()
+    win.error_box = None
+    win.speaker.setCurrentText(encode_vector(vec))
+    win.speaker_text.setText("hello")  # a transcript only goes with a sample-audio speaker
+    win.synthesize()
+    assert win.error_box is not None and "sample-audio speaker" in win.error_box.text()
+
+
 def test_bad_model_path_shows_dialog(qtbot, win):
     win.set_model("/no/such/model")
     assert "not found" in win.model_info.text()

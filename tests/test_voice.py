@@ -11,7 +11,7 @@ import pytest
 ESPEAK = shutil.which("espeak-ng") is not None
 needs_espeak = pytest.mark.skipif(not ESPEAK, reason="espeak-ng not installed (apt-get install espeak-ng)")
 SHIPPED = Path(__file__).resolve().parents[1] / "toolkit" / "assets" / "voice"
-ENCODER = SHIPPED.parents[2] / "docs" / "voice" / "dvae_encoder.safetensors"  # the shipped voice's DVAE encoder
+ENCODER = SHIPPED / "dvae_encoder.safetensors"  # the shipped voice's DVAE encoder
 
 
 @needs_espeak

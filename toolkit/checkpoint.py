@@ -117,8 +117,9 @@ def convstack_config(state: dict, prefix: str, idim: int) -> ConvStackConfig:
     odim = state[prefix + "conv_out.weight"].shape[0]
     dw = state[prefix + "blocks.0.dwconv.weight"] if layers else None
     kernel = dw.shape[-1] if dw is not None else 7
+    n_mels = state[prefix + "out_conv.weight"].shape[0] if prefix + "out_conv.weight" in state else 100
     return ConvStackConfig(idim=idim, odim=odim, hidden=hidden, layers=layers, bn_dim=bn_dim, kernel=kernel,
-                           n_mels=state[prefix + "out_conv.weight"].shape[0])
+                           n_mels=n_mels)
 
 
 def _vocos_keys(state: dict) -> dict[str, Tensor]:
@@ -345,3 +346,50 @@ def detect_layout(root: Path) -> str:
         return "chattts"
     raise CheckpointError(f"{root} is neither a ttsq model folder (manifest.json) nor an official ChatTTS "
                           "folder (asset/gpt/config.json)")
+
+
+# --- DVAE encoders (speakers from sample audio) -------------------------------------------------------
+VOICE_ENCODER = "dvae_encoder.safetensors"  # the voice lab's encoder, beside its model (toolkit/assets/voice)
+
+
+def load_dvae_encoder(root: str | Path, cfg: ModelConfig):
+    """The DVAE encoder of a model folder: ChatTTS's from asset/DVAE (its encoder keys), or a voice-lab model's
+    dvae_encoder.safetensors. -> a module mapping a 24 kHz waveform (B, N) to codes (B, Q, T)."""
+    from .models.dvae_encoder import DVAEEncoder, GFSQEncoder, VoiceCodes
+
+    root = Path(root)
+    voice_file = root if root.suffix == ".safetensors" else root / VOICE_ENCODER
+    if voice_file.is_file():
+        state = {k: v.float() for k, v in read_tensors(voice_file).items()}
+        hidden = state["conv_in.0.weight"].shape[0] if "conv_in.0.weight" in state else 256
+        enc = VoiceCodes(cfg, hidden)
+        load_strict(enc.encoder, state, str(voice_file))
+        return enc.eval().requires_grad_(False)
+    if detect_layout(root) != "chattts":
+        raise CheckpointError(f"{root} has no DVAE encoder: an official ChatTTS folder keeps it in asset/DVAE, a voice "
+                              f"lab model in {VOICE_ENCODER}; copy the one the model was trained with beside it")
+    asset = root / "asset" if (root / "asset").is_dir() else root
+    dvae = read_tensors(_official_file(asset, "DVAE"))
+    if "downsample_conv.0.weight" not in dvae or cfg.gfsq is None:
+        raise CheckpointError(f"{asset / 'DVAE'} holds no encoder (downsample_conv.*, encoder.*, vq_layer.*): this "
+                              "release of the DVAE decodes only")
+    state = {"coef": dvae["coef"].view(1, -1, 1)}
+    for k, v in dvae.items():
+        if k.startswith("downsample_conv."):
+            state["downsample." + k[len("downsample_conv."):]] = v
+        elif k.startswith("encoder."):
+            k2 = re.sub(r"^decoder_block\.(\d+)\.weight$", r"blocks.\1.scale", k[len("encoder."):])
+            state["body." + k2.replace("decoder_block.", "blocks.")] = v
+        elif m := re.fullmatch(r"vq_layer\.quantizer\.rvqs\.(\d+)\.project_in\.(weight|bias)", k):
+            state[f"gfsq.project_in.{m[1]}.{m[2]}"] = v
+    body = {k[len("body."):]: v for k, v in state.items() if k.startswith("body.")}
+    body_cfg = convstack_config(body, "", body["conv_in.0.weight"].shape[1])
+    dim = dvae["downsample_conv.0.weight"].shape[0]
+    gfsq = GFSQConfig(dim=body_cfg.odim, levels=cfg.gfsq.levels, groups=cfg.gfsq.groups, residuals=cfg.gfsq.residuals)
+    enc = DVAEEncoder(dim, body_cfg, gfsq, cfg.vocos)
+    load_strict(enc, state, f"the DVAE encoder of {asset / 'DVAE'}")
+    fb = dvae.get("preprocessor_mel.mel_spec.mel_scale.fb")
+    if fb is not None and fb.shape == enc.logmel.fb.shape:
+        enc.logmel.fb.copy_(fb)  # torchaudio's float32 filterbank, to the last bit
+    assert isinstance(enc.gfsq, GFSQEncoder)
+    return enc.eval().requires_grad_(False)

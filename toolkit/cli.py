@@ -22,6 +22,7 @@ def add_kernels_option(s) -> None:
 
 def cmd_synth(a) -> int:
     from .audio import check_wav_path
+    from .speakers import with_transcript
 
     text = sys.stdin.read() if a.text == "-" else a.text
     out = check_wav_path(a.output, force=a.force)  # before the model loads and the text is spoken
@@ -30,9 +31,10 @@ def cmd_synth(a) -> int:
     from . import SamplingParams, Synthesizer
     from .audio import write_wav
 
+    speaker = with_transcript(a.speaker, a.speaker_text)  # a bad speaker fails before the model loads
     synth = Synthesizer(a.model, a.device, a.precision, compile=a.compile, kernels=KERNELS[a.kernels])
     params = SamplingParams(temperature=a.temperature, top_p=a.top_p, top_k=a.top_k, max_new_tokens=a.max_steps)
-    utt = synth.synthesize(text, speaker=a.speaker, seed=a.seed, params=params, batch_size=a.batch_size,
+    utt = synth.synthesize(text, speaker=speaker, seed=a.seed, params=params, batch_size=a.batch_size,
                            control_tokens=a.control_tokens, progress=progress_bar("sentences"))[0]
     write_wav(out, utt.wav, utt.sample_rate, force=a.force)
     t = utt.timings
@@ -44,6 +46,7 @@ def cmd_synth(a) -> int:
 
 def _synth_onnx(a, text: str, out: Path) -> int:
     from .runtime import EdgeSynthesizer, SamplingParams, write_wav
+    from .speakers import with_transcript
 
     if a.precision is not None:
         raise ValueError(f"{a.model} is an exported ONNX folder at a fixed precision; drop --precision")
@@ -51,13 +54,81 @@ def _synth_onnx(a, text: str, out: Path) -> int:
     if synth.provider_note:
         print(synth.provider_note, file=sys.stderr)
     params = SamplingParams(temperature=a.temperature, top_p=a.top_p, top_k=a.top_k, max_new_tokens=a.max_steps)
-    utt = synth.synthesize(text, speaker=a.speaker, seed=a.seed, params=params, batch_size=a.batch_size,
-                           control_tokens=a.control_tokens)[0]
+    utt = synth.synthesize(text, speaker=with_transcript(a.speaker, a.speaker_text), seed=a.seed, params=params,
+                           batch_size=a.batch_size, control_tokens=a.control_tokens)[0]
     write_wav(out, utt.wav, utt.sample_rate)
     t = utt.timings
     print(f"wrote {out}: {utt.duration:.2f} s at {utt.sample_rate} Hz, {utt.steps} steps, "
           f"{t['total']:.2f} s to synthesize (RTF {t['total'] / max(utt.duration, 1e-9):.3f}, ONNX {synth.precision})"
           + (" [hit max steps]" if utt.hit_limit else ""))
+    return 0
+
+
+def cmd_speaker_sample(a) -> int:
+    import secrets
+
+    import numpy as np
+    import torch
+
+    from .checkpoint import ASSETS
+    from .models.speaker import chattts_speaker
+    from .speakers import encode_vector
+
+    seed = a.seed if a.seed is not None else secrets.randbelow(2**32)
+    if a.model:
+        from .synthesizer import load_model
+        stat = load_model(a.model).spk_stat
+    else:  # ChatTTS's own spk_stat: the string is the one `chat.sample_random_speaker()` gives after manual_seed
+        stat = torch.from_numpy(np.load(ASSETS / "chattts_spk_stat.npy")).view(2, -1)
+    print(encode_vector(chattts_speaker(seed, stat).numpy()))
+    if a.seed is None:
+        print(f"(chattts-seed:{seed})", file=sys.stderr)
+    return 0
+
+
+def cmd_speaker_from_audio(a) -> int:
+    from .checkpoint import load_dvae_encoder
+    from .fileio import OutputExistsError
+    from .sample_speaker import FitSettings, read_sample, speaker_from_audio
+    from .speakers import SampleSpeaker, encode_vector
+    from .synthesizer import DEFAULT_MODEL, load_model, resolve_device
+
+    if a.out and Path(a.out).exists() and not a.force:
+        raise OutputExistsError(f"{a.out} already exists; pass --force to overwrite it, or choose another path")
+    root = Path(a.model) if a.model else DEFAULT_MODEL
+    device = resolve_device(a.device)
+    model = load_model(root).to(device)
+    wav = read_sample(a.wav, model.sample_rate)
+    encoder = load_dvae_encoder(Path(a.encoder) if a.encoder else root, model.cfg).to(device)
+    spk = speaker_from_audio(model, encoder, wav, a.text, FitSettings(steps=a.steps))
+    if isinstance(spk, SampleSpeaker):
+        line = spk.to_string()
+        hint = (f"a sample-audio speaker ({spk.codes.shape[1]} code frames): synthesize with --speaker STRING "
+                "--speaker-text TRANSCRIPT")
+    else:
+        line = encode_vector(spk)
+        hint = f"a speaker vector ({len(spk)} values) fitted to the sample: synthesize with --speaker STRING"
+    if a.out:
+        from .fileio import atomic_write_bytes
+        atomic_write_bytes(Path(a.out), (line + "\n").encode())
+        hint += f"; written to {a.out}"
+    else:
+        print(line)
+    print(hint, file=sys.stderr)
+    return 0
+
+
+def cmd_speaker_decode(a) -> int:
+    from .speakers import SampleSpeaker, parse_speaker
+
+    spec = parse_speaker(a.speaker)
+    if isinstance(spec, SampleSpeaker):
+        print(json.dumps({"kind": "sample-audio", "shape": list(spec.codes.shape), "codes": spec.codes.tolist()}))
+    elif hasattr(spec, "dtype"):
+        print(json.dumps({"kind": "vector", "dim": len(spec), "dtype": str(spec.dtype),
+                          "vector": [float(x) for x in spec]}))
+    else:
+        raise ValueError(f"{a.speaker!r} is a seed or a voice name, not a speaker string or file")
     return 0
 
 
@@ -191,7 +262,11 @@ def build_parser() -> argparse.ArgumentParser:
     model_args(s)
     s.add_argument("--precision", default=None, help="apply a recipe at load (fp32, fp16, bf16, int8, int4, ...)")
     s.add_argument("--seed", type=int, default=0, help="sampling seed")
-    s.add_argument("--speaker", default=None, help="a voice name of the model, or an integer speaker seed")
+    s.add_argument("--speaker", default=None,
+                   help="a voice name of the model, an integer seed, chattts-seed:N (ChatTTS's random speaker N), a "
+                   "ChatTTS speaker string, or a .pt/.npy/.txt file holding a vector or a string")
+    s.add_argument("--speaker-text", default=None,
+                   help="the transcript of a sample-audio speaker (from `ttsq speaker from-audio` on a ChatTTS model)")
     s.add_argument("--temperature", type=float, default=0.3)
     s.add_argument("--top-p", type=float, default=0.7)
     s.add_argument("--top-k", type=int, default=20)
@@ -205,6 +280,26 @@ def build_parser() -> argparse.ArgumentParser:
     add_kernels_option(s)
     s.add_argument("--force", action="store_true", help="overwrite an existing output file")
     s.set_defaults(func=cmd_synth)
+
+    s = sub.add_parser("speaker", help="ChatTTS speaker strings: sample one, make one from audio, decode one")
+    ssub = s.add_subparsers(dest="speaker_command", required=True)
+    t = ssub.add_parser("sample", help="print a random speaker string, as ChatTTS's sample_random_speaker()")
+    t.add_argument("--seed", type=int, default=None, help="the torch.manual_seed ChatTTS would be given (default: "
+                   "a random one, printed on stderr)")
+    t.add_argument("--model", help="draw from this model's speaker statistics (default: ChatTTS's, 768 values)")
+    t.set_defaults(func=cmd_speaker_sample)
+    t = ssub.add_parser("from-audio", help="a speaker from a recording and its transcript")
+    t.add_argument("wav", help="the recording (WAV; other sample rates are resampled to the model's)")
+    t.add_argument("--text", required=True, help="what the recording says")
+    model_args(t)
+    t.add_argument("--encoder", help="the DVAE encoder's folder or file (default: the model's own)")
+    t.add_argument("--steps", type=int, default=30, help="optimisation steps of the fitted vector (ttsq voices)")
+    t.add_argument("-o", "--out", help="write the string to this file instead of standard output")
+    t.add_argument("--force", action="store_true", help="overwrite an existing --out file")
+    t.set_defaults(func=cmd_speaker_from_audio)
+    t = ssub.add_parser("decode", help="print a speaker string's (or file's) vector or codes as JSON")
+    t.add_argument("speaker")
+    t.set_defaults(func=cmd_speaker_decode)
 
     s = sub.add_parser("info", help="config, parameter counts, precision and size of a model")
     s.add_argument("path")

@@ -99,7 +99,7 @@ def stream_text(synth, text: str, *, speaker=None, seed: int = 0, params: Sampli
                 max_chars: int = 120, control_tokens: bool = False) -> Iterator[np.ndarray]:
     """Yields float32 24 kHz audio pieces as the GPT produces states; sentence by sentence."""
     params = params or SamplingParams()
-    spk = synth.speaker_vector(speaker)
+    spk = synth.voice(speaker)
     for i, (_, sentence) in enumerate(sentence_pieces([text], max_chars, control_tokens)):
         with synth.memory_guard(1):
             emb, valid = encode_prompts(synth.model, [sentence], spk)

@@ -17,7 +17,7 @@ from . import checkpoint
 from .engine import Engine, sync_device
 from .models import TTSModel
 from .plan import Plan
-from .prompt import encode_prompts, resolve_speaker
+from .prompt import Voice, encode_prompts, resolve_speaker, resolve_voice
 from .sampling import SamplingParams
 
 DEFAULT_MODEL = Path(__file__).parent / "assets" / "voice"
@@ -180,6 +180,11 @@ class Synthesizer:
     def speaker_vector(self, speaker: int | str | Tensor | None) -> Tensor:
         return resolve_speaker(self.model, speaker)
 
+    def voice(self, speaker) -> Voice:
+        """What `speaker` puts into the prompt: any speaker_vector takes, or a SampleSpeaker (sample-audio codes with
+        their transcript; toolkit.speakers), for models trained with them (ChatTTS's)."""
+        return resolve_voice(self.model, speaker)
+
     @torch.inference_mode()
     def decode(self, hidden: Tensor, lengths: Tensor) -> tuple[list[np.ndarray], dict[str, float]]:
         """hidden (B, N, D) -> one waveform of 512 * n - 256 samples per row, n = lengths[row].
@@ -218,7 +223,7 @@ class Synthesizer:
         tokens in the text are read as text unless control_tokens."""
         plan = Plan.make(texts, batch_size, max_chars, control_tokens)
         params = params or SamplingParams()
-        spk = self.speaker_vector(speaker)
+        spk = self.voice(speaker)
         pieces = plan.pieces
         wavs: dict[int, np.ndarray] = {}
         segs: dict[int, Segment] = {}
@@ -253,7 +258,7 @@ class Synthesizer:
     def teacher_force(self, segment: Segment, speaker=None) -> Tensor:
         """Code logits (n, Q, V) float32 of this model for the steps of `segment`, fed its own codes."""
         gpt = self.model.gpt
-        emb, _ = encode_prompts(self.model, [segment.text], self.speaker_vector(speaker))
+        emb, _ = encode_prompts(self.model, [segment.text], self.voice(speaker))
         T, n = emb.shape[1], segment.codes.shape[0]
         x = torch.cat([emb, gpt.embed_codes(segment.codes[None].to(self.device)).to(emb.dtype)], 1)
         h = gpt.forward_full(x.to(gpt.norm.weight.dtype), torch.ones(x.shape[:2], dtype=torch.bool, device=self.device))

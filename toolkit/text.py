@@ -105,7 +105,9 @@ def _is_cjk(ch: str) -> bool:
     return "\u4e00" <= ch <= "\u9fff" or "\u3000" <= ch <= "\u303f"
 
 
-def prompt_text(text: str, has_token, style: str = "[speed_5]") -> str:
-    """ChatTTS's code prompt layout: [Stts][spk_emb]{style}{text}[Ptts]; tokens the vocabulary lacks are left out."""
+def prompt_text(text: str, has_token, style: str = "[speed_5]", sample_text: str = "", speaker: bool = True) -> str:
+    """ChatTTS's code prompt layout: [Stts][spk_emb]{sample_text}{style}{text}[Ptts], with [empty_spk] for a prompt
+    without a speaker vector; tokens the vocabulary lacks are left out. sample_text is a sample-audio speaker's
+    transcript (ChatTTS's txt_smp); the sample's codes follow [Ptts]."""
     style = "".join(t for t in re.findall(r"\[[^\]]+\]", style) if has_token(t))
-    return f"[Stts][spk_emb]{style}{text}[Ptts]"
+    return f"[Stts]{'[spk_emb]' if speaker else '[empty_spk]'}{sample_text}{style}{text}[Ptts]"

@@ -9,8 +9,9 @@ from .config import ConvStackConfig, GFSQConfig
 from .convnext import ConvNeXtBlock
 
 
-class ConvStack(nn.Module):
-    """(B, 2*idim, T) step features -> (B, n_mels, 2T) mel."""
+class ConvBody(nn.Module):
+    """(B, idim, T) -> (B, odim, T): bottleneck convs in, ConvNeXt blocks, a pointwise conv out (ChatTTS's
+    DVAEDecoder class, which its DVAE encoder uses too)."""
 
     def __init__(self, cfg: ConvStackConfig):
         super().__init__()
@@ -22,6 +23,21 @@ class ConvStack(nn.Module):
             ConvNeXtBlock(cfg.hidden, 4 * cfg.hidden, cfg.kernel, cfg.dilation) for _ in range(cfg.layers)
         )
         self.conv_out = nn.Conv1d(cfg.hidden, cfg.odim, 1, bias=False)
+
+    def body(self, x: Tensor) -> Tensor:
+        x = self.conv_in(x)
+        for block in self.blocks:
+            x = block(x)
+        return self.conv_out(x)
+
+    forward = body
+
+
+class ConvStack(ConvBody):
+    """(B, 2*idim, T) step features -> (B, n_mels, 2T) mel."""
+
+    def __init__(self, cfg: ConvStackConfig):
+        super().__init__(cfg)
         self.out_conv = nn.Conv1d(cfg.odim, cfg.n_mels, 3, padding=1, bias=False)
         self.register_buffer("coef", torch.ones(1, cfg.n_mels, 1))
 
@@ -29,10 +45,7 @@ class ConvStack(nn.Module):
         B, C, T = feats.shape
         # channel halves become the even and odd mel frames of each step
         x = feats.view(B, 2, C // 2, T).permute(0, 2, 3, 1).reshape(B, C // 2, 2 * T)
-        x = self.conv_in(x)
-        for block in self.blocks:
-            x = block(x)
-        return self.out_conv(self.conv_out(x)) * self.coef
+        return self.out_conv(self.body(x)) * self.coef
 
     @property
     def receptive_radius(self) -> int:

@@ -100,21 +100,30 @@ class Engine:
         return out[0].numpy(), out[1].numpy(), list(out[2:])
 
     def stream(self, ids: np.ndarray, valid: np.ndarray, speaker: np.ndarray, spk_id: int | None,
-               params: SamplingParams, seed: int = 0, should_stop: Callable[[], bool] | None = None) -> Iterator[Chunk]:
-        """ids (B, T) left-padded text ids, valid (B, T) bool, speaker (B, D) -> chunks of `chunk` steps."""
-        B, T = ids.shape
+               params: SamplingParams, seed: int = 0, should_stop: Callable[[], bool] | None = None,
+               sample: np.ndarray | None = None) -> Iterator[Chunk]:
+        """ids (B, T) left-padded text ids, valid (B, T) bool, speaker (B, D) -> chunks of `chunk` steps.
+        sample (S, Q): a sample-audio speaker's codes, placed after every row's text (ChatTTS's spk_smp)."""
+        B = ids.shape[0]
         Q, V = self.Q, self.V
+        spk_mask = ids == spk_id if spk_id is not None else np.zeros_like(valid)
+        prompt, text_mask = np.repeat(ids[..., None], Q, 2).astype(np.int64), np.ones(ids.shape, bool)
+        if sample is not None:
+            S = len(sample)
+            prompt = np.concatenate([prompt, np.repeat(sample[None].astype(np.int64), B, 0)], 1)
+            text_mask = np.concatenate([text_mask, np.zeros((B, S), bool)], 1)
+            valid = np.concatenate([valid, np.ones((B, S), bool)], 1)
+            spk_mask = np.concatenate([spk_mask, np.zeros((B, S), bool)], 1)
+        T = prompt.shape[1]
         steps = min(params.max_new_tokens, self.max_positions - T)
         if steps < 1:
             raise ValueError(f"prompt of {T} tokens leaves no room to generate (max_positions {self.max_positions}); "
                              "split the text into shorter sentences")
         empty = np.zeros((B, self.H, 0, self.K), np.float32)
         past = [ort.OrtValue.ortvalue_from_numpy(empty) for _ in range(2 * self.L)]
-        spk_mask = ids == spk_id if spk_id is not None else np.zeros_like(valid)
         rope = np.maximum(np.cumsum(valid.astype(np.int64), 1) - 1, 0)
         key_valid = valid.astype(bool)
-        logits, h, past = self._run({"ids": np.repeat(ids[..., None], Q, 2).astype(np.int64),
-                                     "text_mask": np.ones((B, T), bool), "speaker": speaker.astype(np.float32),
+        logits, h, past = self._run({"ids": prompt, "text_mask": text_mask, "speaker": speaker.astype(np.float32),
                                      "spk_mask": spk_mask.astype(bool), "rope_pos": rope, "key_valid": key_valid}, past)
         rope_base = valid.sum(1, keepdims=True).astype(np.int64)
         temps = np.tile(np.asarray(params.temperatures(Q), np.float32), B)

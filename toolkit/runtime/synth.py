@@ -8,9 +8,9 @@ from typing import Callable, Iterator, Sequence
 
 import numpy as np
 
-from ..params import speaker_seed
 from ..plan import Plan, render_stream
-from ..text import prompt_text, sentence_pieces
+from ..speakers import ChatTTSSeed, SampleSpeaker, SpeakerError, check_vector, parse_speaker
+from ..text import normalize, prompt_text, sentence_pieces
 from .dsp import istft, torch_randn
 from .engine import Engine, Sessions, read_manifest
 from .sampling import SamplingParams
@@ -76,28 +76,47 @@ class EdgeSynthesizer:
 
     # --- prompt and speaker ---------------------------------------------------------------------------
     def speaker_vector(self, speaker=None) -> np.ndarray:
-        """A seed (int, "7", "seed:7"; the same vector as the torch Synthesizer), a voice name, or a (D,) vector."""
+        """What the torch Synthesizer's speaker_vector takes, to the same vector: a seed (int, "7", "seed:7"), a voice
+        name, chattts-seed:N, a ChatTTS speaker string, a .npy/.txt (or, with torch, .pt) file, or a (D,) vector."""
         D = self.cfg["gpt"]["hidden"]
-        if speaker is None:
-            speaker = next(iter(self.voices), 0)
-        speaker = speaker_seed(speaker)
-        if isinstance(speaker, (int, np.integer)):
+        spec = parse_speaker(next(iter(self.voices), 0) if speaker is None else speaker, self.voices)
+        if isinstance(spec, (int, np.integer)):
             std, mean = self.spk_stat
-            z = torch_randn(int(speaker), D) if D % 16 == 0 else np.random.default_rng(int(speaker)).standard_normal(D)
+            z = torch_randn(int(spec), D) if D % 16 == 0 else np.random.default_rng(int(spec)).standard_normal(D)
             return (z * std + mean).astype(np.float32)
-        if isinstance(speaker, str):
-            if speaker not in self.voices:
-                raise ValueError(f"unknown speaker {speaker!r}; this model has voices {sorted(self.voices) or 'none'}; "
-                                 "or give an integer seed")
-            return self.voices[speaker]
-        vec = np.asarray(speaker, np.float32)
-        if vec.shape != (D,):
-            raise ValueError(f"speaker vector must have shape ({D},), got {vec.shape}")
-        return vec
+        if isinstance(spec, ChatTTSSeed):  # float16 throughout, as ChatTTS draws it
+            if D % 16:
+                raise SpeakerError(f"chattts-seed needs speakers of a multiple of 16 values; this model's have {D}")
+            std, mean = self.spk_stat.astype(np.float16)
+            return torch_randn(spec.seed, D).astype(np.float16) * std + mean
+        if isinstance(spec, str):
+            return self.voices[spec]
+        if isinstance(spec, SampleSpeaker):
+            raise SpeakerError("this is a sample-audio speaker (codes of a recording), not a speaker vector; pass it "
+                               "to synthesize() (or --speaker with --speaker-text) instead")
+        vec = check_vector(spec, D)
+        return vec.astype(np.float16) if np.asarray(spec).dtype == np.float16 else vec
 
-    def encode(self, sentences: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+    def voice(self, speaker=None) -> tuple[np.ndarray | None, np.ndarray | None, str]:
+        """-> (speaker vector or None for [empty_spk], sample codes (S, Q) or None, sample transcript)."""
+        spec = speaker if speaker is None else parse_speaker(speaker, self.voices)
+        if not isinstance(spec, SampleSpeaker):
+            return self.speaker_vector(spec), None, ""
+        g = self.cfg["gpt"]
+        if self.manifest.get("frontend", "none") not in (None, "none"):
+            raise SpeakerError("this model was not trained with sample-audio prompts (ChatTTS's spk_smp); make a "
+                               "speaker vector for it with `ttsq speaker from-audio WAV --text ... --model MODEL`")
+        if spec.codes.shape[0] != g["num_vq"] or spec.codes.max() >= g["num_audio_tokens"] - 1:
+            raise SpeakerError(f"the sample-audio speaker holds codes of shape {spec.codes.shape}: it was made for "
+                               "another model")
+        return None, spec.codes.T.astype(np.int64), spec.text
+
+    def encode(self, sentences: Sequence[str], sample_text: str = "", speaker: bool = True
+               ) -> tuple[np.ndarray, np.ndarray]:
         tok = self.tokenizer
-        ids, valid = tok.encode([prompt_text(self.frontend(s), tok.has) for s in sentences])
+        smp = self.frontend(normalize(sample_text)) if sample_text.strip() else ""
+        ids, valid = tok.encode([prompt_text(self.frontend(s), tok.has, sample_text=smp, speaker=speaker)
+                                 for s in sentences])
         if int(ids.max()) >= self.cfg["gpt"]["num_text_tokens"]:
             raise ValueError("the tokenizer produced ids beyond the model's text vocabulary: wrong tokenizer.json?")
         return ids, valid
@@ -121,16 +140,18 @@ class EdgeSynthesizer:
                    control_tokens: bool = False, progress: Callable[[int, int], None] | None = None) -> list[Utterance]:
         plan = Plan.make(texts, batch_size, max_chars, control_tokens)
         params = params or SamplingParams()
-        spk = self.speaker_vector(speaker)
+        spk, sample, sample_text = self.voice(speaker)
         pieces = plan.pieces
         wavs, steps, limit = {}, {}, {}
         timing = {"gpt": 0.0, "decoder": 0.0, "vocoder": 0.0}
         t_start = time.perf_counter()
-        spk_id = self.tokenizer.token_id("[spk_emb]")
+        spk_id = self.tokenizer.token_id("[spk_emb]") if spk is not None else None
+        spk = np.zeros(self.cfg["gpt"]["hidden"], np.float32) if spk is None else spk
         for b, idx in plan.batches():
             t0 = time.perf_counter()
-            ids, valid = self.encode([pieces[k][1] for k in idx])
-            gen = self.engine.generate(ids, valid, np.repeat(spk[None], len(idx), 0), spk_id, params, seed=seed + b)
+            ids, valid = self.encode([pieces[k][1] for k in idx], sample_text, spk_id is not None)
+            gen = self.engine.generate(ids, valid, np.repeat(spk[None], len(idx), 0), spk_id, params, seed=seed + b,
+                                       sample=sample)
             timing["gpt"] += time.perf_counter() - t0
             for j, k in enumerate(idx):
                 n = int(gen.lengths[j])
@@ -153,9 +174,10 @@ class EdgeSynthesizer:
                max_chars: int = 120, control_tokens: bool = False) -> Iterator[np.ndarray]:
         """Yields float32 audio pieces as the GPT produces states, sentence by sentence."""
         params = params or SamplingParams()
-        spk = self.speaker_vector(speaker)
-        spk_id = self.tokenizer.token_id("[spk_emb]")
+        spk, sample, sample_text = self.voice(speaker)
+        spk_id = self.tokenizer.token_id("[spk_emb]") if spk is not None else None
+        spk = np.zeros(self.cfg["gpt"]["hidden"], np.float32) if spk is None else spk
         for i, (_, sentence) in enumerate(sentence_pieces([text], max_chars, control_tokens)):
-            ids, valid = self.encode([sentence])
-            yield from render_stream(self.engine.stream(ids, valid, spk[None], spk_id, params, seed=seed + i),
-                                     self.renderer())
+            ids, valid = self.encode([sentence], sample_text, spk_id is not None)
+            yield from render_stream(self.engine.stream(ids, valid, spk[None], spk_id, params, seed=seed + i,
+                                                        sample=sample), self.renderer())

@@ -31,10 +31,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..checkpoint import convstack_config
+from ..checkpoint import VOICE_ENCODER, convstack_config
 from ..models.config import ConvStackConfig, GFSQConfig, GPTConfig, ModelConfig, VocosConfig
 from ..models.convnext import ConvNeXtBlock
 from ..models.decoder import ConvStack, DVAEDecoder
+from ..models.dvae_encoder import VoiceEncoder as DVAEEncoder, codes_from_digits, quantise  # noqa: F401 (names kept)
 from ..models.gpt import GPT, Block
 from ..models.speaker import apply_speaker
 from ..models.vocos import LogMel, Vocos
@@ -360,51 +361,6 @@ def train_vocos(cfg: ModelConfig, data: Data, args, device, log, dec_mels: dict[
 
 
 # --- stage 2: DVAE (codes) -------------------------------------------------------------------------
-class DVAEEncoder(nn.Module):
-    """mel (B, 100, 2T) -> pre-quantisation values in [-1, 1], (B, G, T, L). Training only."""
-
-    def __init__(self, cfg: ModelConfig, hidden: int = 256, layers: int = 3):
-        super().__init__()
-        self.G, self.L = cfg.gfsq.groups, len(cfg.gfsq.levels)
-        self.conv_in = nn.Sequential(nn.Conv1d(cfg.vocos.n_mels, hidden, 3, padding=1), nn.GELU())
-        self.blocks = nn.ModuleList(ConvNeXtBlock(hidden, 4 * hidden, 7, 1) for _ in range(layers))
-        self.down = nn.Conv1d(2 * hidden, hidden, 3, padding=1)
-        self.proj = nn.Conv1d(hidden, self.G * self.L, 1)
-
-    def forward(self, mel: Tensor) -> Tensor:
-        x = self.conv_in(mel)
-        for b in self.blocks:
-            x = b(x)
-        B, H, T2 = x.shape
-        x = x.view(B, H, T2 // 2, 2).permute(0, 3, 1, 2).reshape(B, 2 * H, T2 // 2)
-        z = torch.tanh(self.proj(F.gelu(self.down(x))).float())  # (B, G*L, T)
-        return z.view(B, self.G, self.L, -1).transpose(2, 3)
-
-
-def quantise(z: Tensor, residuals: int, levels: int = 5) -> tuple[Tensor, Tensor]:
-    """z (B, G, T, L) in [-1, 1] -> (straight-through value (B, G, T, L), digits (B, G, R, T, L))."""
-    half = (levels - 1) / 2
-    value = torch.zeros_like(z)
-    digits = []
-    target = z
-    for r in range(residuals):
-        scale = levels ** -r  # as GFSQ.forward (chattts 0.2.5 parity): residual r at 5 ** -r
-        d = torch.clamp(torch.round(target / scale * half), -half, half)
-        digits.append((d + half).long())
-        value = value + d / half * scale
-        target = z - value
-    return z + (value - z).detach(), torch.stack(digits, 2)
-
-
-def codes_from_digits(digits: Tensor, levels: int = 5) -> Tensor:
-    """digits (B, G, R, T, L) -> codes (B, T, G*R) (codebook q = g * R + r, like GFSQ)."""
-    L = digits.shape[-1]
-    basis = levels ** torch.arange(L, device=digits.device)
-    codes = (digits * basis).sum(-1)  # (B, G, R, T)
-    B, G, R, T = codes.shape
-    return codes.reshape(B, G * R, T).transpose(1, 2)
-
-
 def dvae_features(dec: DVAEDecoder, value: Tensor) -> Tensor:
     """value (B, G, T, L) -> (B, dim, T), what GFSQ.forward gives for the matching codes."""
     out = [proj(value[:, g]) for g, proj in enumerate(dec.gfsq.project_out)]
@@ -813,7 +769,7 @@ def export(args) -> Path:
     return out
 
 
-ENCODER_FILE = "dvae_encoder.safetensors"  # committed beside the model card: the GPT's codes come from it
+ENCODER_FILE = VOICE_ENCODER  # shipped beside the model: the GPT's codes come from it, and speakers from audio use it
 
 
 def save_part_fp16(resume: Path, name: str, prefix: str, out: Path) -> Path:
@@ -930,10 +886,11 @@ def main(argv=None):
     ap.add_argument("--decoder-from", type=Path, default=None,
                     help="with --export: the Decoder's weights from this safetensors file instead of --resume's")
     ap.add_argument("--encoder-to", type=Path, default=None,
-                    help="with --export: also write the run's DVAE encoder (fp16) into this folder")
+                    help="with --export: also write the run's DVAE encoder (fp16) into this folder (the exported "
+                    "model folder itself: `ttsq speaker from-audio` reads it there)")
     ap.add_argument("--from-voice", type=Path, default=None, help="write --out's gpt/dvae/vocos checkpoints from "
                     "this ttsq voice folder and the DVAE encoder beside its model card (--encoder), then stop")
-    ap.add_argument("--encoder", type=Path, default=Path("docs/voice") / ENCODER_FILE)
+    ap.add_argument("--encoder", type=Path, default=Path("toolkit/assets/voice") / ENCODER_FILE)
     ap.add_argument("--from-voice-fp32", action="store_true",
                     help="--from-voice writes float32 (the frozen parts stay exactly as shipped) instead of fp16")
     args = ap.parse_args(argv)

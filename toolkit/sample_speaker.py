@@ -1,0 +1,147 @@
+"""Speakers from sample audio (a WAV and what it says).
+
+A ChatTTS checkpoint was trained to continue a sample: its speaker is the sample's DVAE codes (spk_smp) with the
+transcript (txt_smp), in the prompt as ChatTTS lays it out. ttsq's voice lab trains speaker vectors only, so for its
+models the speaker is the vector under which the GPT, teacher-forced, finds the sample's codes most likely: a plain
+speaker vector (and string) afterwards, usable at any precision and in the edge runtime.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from .models import TTSModel
+from .models.speaker import apply_speaker
+from .prompt import Voice, encode_prompts, reads_audio_prompts
+from .speakers import SampleSpeaker, SpeakerError
+from .text import normalize
+
+MIN_SECONDS, MAX_SECONDS = 0.5, 30.0
+
+
+@dataclass
+class FitSettings:
+    steps: int = 30
+    lr: float = 0.1
+    seed: int = 0
+
+
+def read_sample(path: str | Path, sample_rate: int) -> np.ndarray:
+    """A WAV (or any file soundfile reads) -> float32 mono at `sample_rate`, resampled if it has another rate."""
+    import soundfile as sf
+
+    path = Path(path)
+    if not path.is_file():
+        raise SpeakerError(f"sample audio not found: {path}")
+    try:
+        wav, sr = sf.read(str(path), dtype="float32", always_2d=True)
+    except Exception as e:  # soundfile raises its own LibsndfileError for files it cannot parse
+        raise SpeakerError(f"cannot read {path} as audio: {e}") from None
+    return prepare_sample(wav.mean(1), sr, sample_rate, str(path))
+
+
+def prepare_sample(wav: np.ndarray, sr: int, sample_rate: int, name: str = "the sample") -> np.ndarray:
+    wav = np.asarray(wav, dtype=np.float32)
+    if wav.size == 0 or not np.any(wav):
+        raise SpeakerError(f"{name} holds no audio (it is empty or silent); record a few seconds of speech")
+    if not np.isfinite(wav).all():
+        raise SpeakerError(f"{name} holds NaN or inf samples")
+    seconds = len(wav) / sr
+    if not MIN_SECONDS <= seconds <= MAX_SECONDS:
+        raise SpeakerError(f"{name} is {seconds:.2f} s long; give {MIN_SECONDS:g} to {MAX_SECONDS:g} s of speech")
+    return resample(wav, sr, sample_rate) if sr != sample_rate else wav
+
+
+def resample(wav: np.ndarray, sr: int, to: int) -> np.ndarray:
+    """Band-limited resampling in the frequency domain (the spectrum cut or zero-padded at the new Nyquist)."""
+    n = round(len(wav) * to / sr)
+    spec = np.fft.rfft(wav.astype(np.float64))
+    keep = min(len(spec), n // 2 + 1)
+    out = np.zeros(n // 2 + 1, np.complex128)
+    out[:keep] = spec[:keep]
+    return (np.fft.irfft(out, n) * (n / len(wav))).astype(np.float32)
+
+
+def trim(wav: np.ndarray, sample_rate: int, floor_db: float = -40.0) -> np.ndarray:
+    """Leading and trailing silence cut to 0.1 s (the voice lab's corpus trims its utterances so)."""
+    level = np.abs(wav)
+    loud = np.flatnonzero(level > level.max() * 10 ** (floor_db / 20))
+    pad = sample_rate // 10
+    return wav[max(0, loud[0] - pad): loud[-1] + pad]
+
+
+@torch.no_grad()
+def sample_codes(encoder: torch.nn.Module, wav: np.ndarray) -> np.ndarray:
+    """-> (Q, T) codes of a 24 kHz waveform."""
+    device = next(encoder.buffers()).device
+    return encoder(torch.from_numpy(wav).to(device)[None])[0].cpu().numpy()
+
+
+def speaker_from_audio(model: TTSModel, encoder: torch.nn.Module, wav: np.ndarray, text: str,
+                       settings: FitSettings | None = None) -> SampleSpeaker | np.ndarray:
+    """wav float32 mono at the model's rate -> a SampleSpeaker (ChatTTS checkpoints) or a fitted (D,) vector."""
+    text = text.strip()
+    if not text:
+        raise SpeakerError("a speaker from audio needs the sample's transcript (--text): what the recording says")
+    normalize(text)  # empty or control tokens only -> a TextError naming it
+    codes = sample_codes(encoder, trim(wav, model.sample_rate))
+    if reads_audio_prompts(model):
+        return SampleSpeaker(codes, text)
+    return fit_vector(model, codes, text, settings or FitSettings())
+
+
+def fit_vector(model: TTSModel, codes: np.ndarray, text: str, settings: FitSettings) -> np.ndarray:
+    """The speaker vector that maximises the teacher-forced likelihood of `codes` (Q, T), then EOS, after the prompt
+    for `text`. Starts from the model's voices' mean direction (or spk_stat's mean), optimised with Adam."""
+    forced = TeacherForced(model, codes, text)
+    if model.voices:
+        start = torch.stack([torch.nn.functional.normalize(v.float(), dim=0) for v in model.voices.values()]).mean(0)
+    else:
+        start = model.spk_stat[1].float()
+    torch.manual_seed(settings.seed)
+    u = torch.nn.Parameter(torch.nn.functional.normalize(start, dim=0).to(forced.emb.device))
+    opt = torch.optim.Adam([u], lr=settings.lr)
+    with torch.enable_grad():
+        for _ in range(settings.steps):
+            loss = forced.nll(u)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    return torch.nn.functional.normalize(u.detach().float(), dim=0).cpu().numpy()
+
+
+class TeacherForced:
+    """The prompt for `text` followed by the sample's codes, embedded once; nll(speaker) is the mean cross-entropy of
+    the codes (then EOS) with that speaker placed at [spk_emb]."""
+
+    def __init__(self, model: TTSModel, codes: np.ndarray, text: str):
+        gpt = self.gpt = model.gpt
+        device = gpt.norm.weight.device
+        target = torch.from_numpy(codes.T.astype(np.int64)).to(device)  # (T, Q)
+        self.target = torch.cat([target, torch.full_like(target[:1], gpt.cfg.eos_code)])
+        emb, _ = encode_prompts(model, [text], Voice(torch.zeros(gpt.cfg.hidden)))
+        self.T = emb.shape[1]
+        if self.T + len(self.target) > gpt.cfg.max_positions:
+            raise SpeakerError(f"the sample and its transcript need {self.T + len(self.target)} positions, more than "
+                               f"this model's {gpt.cfg.max_positions}; give a shorter sample")
+        probe, _ = encode_prompts(model, [text], Voice(torch.ones(gpt.cfg.hidden)))
+        self.emb = torch.cat([emb, gpt.embed_codes(target[None]).to(emb.dtype)], 1)
+        self.is_spk = torch.zeros(self.emb.shape[:2], dtype=torch.bool, device=device)
+        self.is_spk[:, :self.T] = (probe != emb).any(-1)  # where the speaker goes: [spk_emb]
+        self.valid = torch.ones(self.emb.shape[:2], dtype=torch.bool, device=device)
+
+    def nll(self, speaker: torch.Tensor) -> torch.Tensor:
+        x = apply_speaker(self.emb, self.is_spk, speaker[None])
+        h = self.gpt.forward_full(x, self.valid)
+        logits = self.gpt.code_logits(h[0, self.T - 1:])  # (n, Q, V)
+        return torch.nn.functional.cross_entropy(logits.flatten(0, 1), self.target.flatten())
+
+
+def teacher_forced_nll(model: TTSModel, codes: np.ndarray, text: str, vector) -> float:
+    """How unlikely the sample's codes (then EOS) are under a speaker vector: what fit_vector lowers."""
+    forced = TeacherForced(model, codes, text)
+    with torch.no_grad():
+        return float(forced.nll(torch.as_tensor(vector).float().to(forced.emb.device)))
