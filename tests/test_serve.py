@@ -102,6 +102,8 @@ def metric(text: str, name: str) -> float:
     (json.dumps({"model": "tts-1", "input": 5}).encode(), 400, "input", "string"),
     (json.dumps({"model": "whisper-1", "input": "Hi."}).encode(), 400, "model", "not served"),
     (json.dumps({"model": "tts-1", "input": "Hi.", "voice": "alloy"}).encode(), 400, "voice", "m1"),
+    (json.dumps({"model": "tts-1", "input": "Hi.", "voice": "/etc/hosts.txt"}).encode(), 400, "voice", "reads no files"),
+    (json.dumps({"model": "tts-1", "input": "Hi.", "voice": "乀嗲梿"}).encode(), 400, "voice", "cut short"),
     (json.dumps({"model": "tts-1", "input": "Hi.", "response_format": "aac"}).encode(), 400, "response_format", "AAC"),
     (json.dumps({"model": "tts-1", "input": "Hi.", "response_format": "ogg"}).encode(), 400, "response_format", "wav"),
     (json.dumps({"model": "tts-1", "input": "Hi.", "speed": 1.5}).encode(), 400, "speed", "only 1.0"),

@@ -170,6 +170,11 @@ def read_file(path: str | Path) -> np.ndarray | SampleSpeaker:
     return arr.astype(np.float32).reshape(-1)
 
 
+def names_a_file(speaker) -> bool:
+    """Whether `speaker` would be read from a file (a server refuses those: its files are not the client's)."""
+    return isinstance(speaker, str) and speaker.strip().lower().endswith(FILE_SUFFIXES)
+
+
 # --- what a user wrote ------------------------------------------------------------------------------
 def parse_speaker(speaker, voices=()):
     """-> int (ttsq seed), str (a voice name in `voices`), ChatTTSSeed, np.ndarray (vector) or SampleSpeaker.
@@ -186,8 +191,8 @@ def parse_speaker(speaker, voices=()):
         if not re.fullmatch(r"\d+", m.group(1).strip()):
             raise SpeakerError(f"{speaker!r}: chattts-seed takes a non-negative integer, e.g. chattts-seed:2222")
         return ChatTTSSeed(int(m.group(1)) % 2**64)  # torch.manual_seed's range
-    if speaker.lower().endswith(FILE_SUFFIXES):
-        return read_file(speaker)
+    if names_a_file(speaker):
+        return read_file(speaker.strip())
     if looks_like_string(speaker):
         return decode_string(speaker)
     raise SpeakerError(f"unknown speaker {speaker!r}: give one of this model's voices "

@@ -18,6 +18,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from ..scheduler import Closed, Job, QueueFull, Scheduler
+from ..speakers import names_a_file
 from ..synthesizer import OutOfMemory
 from ..text import TextError
 from . import formats
@@ -149,6 +150,9 @@ def create_app(scheduler: Scheduler, cfg: ServerConfig | None = None) -> FastAPI
             metrics.job_event(job, kind)
             loop.call_soon_threadsafe(events.put_nowait, (kind, data))
 
+        if names_a_file(req.voice):
+            raise ApiError(400, "voice: the server reads no files for a speaker; send the speaker string itself",
+                           "voice")
         try:
             job = scheduler.submit(req.input, speaker=req.voice, seed=req.seed, on_event=on_event)
         except TextError as e:
