@@ -129,6 +129,13 @@ def test_from_audio_cli_makes_the_packages_sample_string(package, tmp_path):
             "--device", "cpu")
     assert r.returncode == 0, r.stderr[-1500:]
     assert r.stdout.strip() == meta["sample_string"] and "--speaker-text" in r.stderr
+    out = json.loads(cli("speaker", "decode", r.stdout.strip()).stdout)
+    assert out["kind"] == "sample-audio" and np.array_equal(out["codes"], R["sample_codes"].numpy())
+    (tmp_path / "mine.txt").write_text("keep me")  # a file the user owns is not overwritten unasked
+    r = cli("speaker", "from-audio", str(wav), "--text", "good morning", "--model", str(TINY), "-o",
+            str(tmp_path / "mine.txt"))
+    one_line_error(r, "already exists", "--force")
+    assert (tmp_path / "mine.txt").read_text() == "keep me"
     # audio at 16 kHz is resampled to the model's 24 kHz, not refused: the codes of the 24 kHz version
     from toolkit.checkpoint import load_dvae_encoder
     from toolkit.sample_speaker import resample

@@ -87,10 +87,9 @@ def speaker_from_audio(model: TTSModel, encoder: torch.nn.Module, wav: np.ndarra
     if not text:
         raise SpeakerError("a speaker from audio needs the sample's transcript (--text): what the recording says")
     normalize(text)  # empty or control tokens only -> a TextError naming it
-    codes = sample_codes(encoder, trim(wav, model.sample_rate))
-    if reads_audio_prompts(model):
-        return SampleSpeaker(codes, text)
-    return fit_vector(model, codes, text, settings or FitSettings())
+    if reads_audio_prompts(model):  # the whole recording, as ChatTTS's sample_audio_speaker encodes it
+        return SampleSpeaker(sample_codes(encoder, wav), text)
+    return fit_vector(model, sample_codes(encoder, trim(wav, model.sample_rate)), text, settings or FitSettings())
 
 
 def fit_vector(model: TTSModel, codes: np.ndarray, text: str, settings: FitSettings) -> np.ndarray:
