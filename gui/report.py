@@ -25,7 +25,8 @@ def measure_noise_floor(job, reference_utt, emit=None, should_stop=None, synth=N
         emit("progress", (0.1, "fp32 at another seed (noise floor)"))
     synth = synth or Synthesizer(job.model, job.device)
     other = synth.synthesize(job.text, speaker=job.speaker, seed=job.seed + 1, params=job.params,
-                             control_tokens=job.control_tokens, should_stop=should_stop)[0]
+                             control_tokens=job.control_tokens, should_stop=should_stop,
+                             refine=job.refine, refine_prompt=job.refine_prompt)[0]
     run = PrecisionRun("fp32", synth, 0, {job.seed: {RID: reference_utt}, job.seed + 1: {RID: other}})
     floor, per = noise_floor(run, (job.seed, job.seed + 1), Cepstra(reference_utt.sample_rate))
     return {"floor": floor, "per": per, "utt": other}

@@ -134,6 +134,14 @@ class MainWindow(QMainWindow):
         self.ttfa = QCheckBox("time to first audio (streams once more)")
         self.control_tokens = QCheckBox("read [laugh], [uv_break], ... as controls")
         self.control_tokens.setToolTip("ChatTTS control tokens in the text; unticked, they are read as plain text")
+        self.refine = QCheckBox("refine the text first (ChatTTS checkpoints)")
+        self.refine.setToolTip("rewrite the text with the GPT's text head before speaking, as ChatTTS's infer() does "
+                               "by default (adds [uv_break], [laugh], ...); the result tab shows the refined text. "
+                               "Needs a ChatTTS checkpoint: the shipped voice has no trained text head")
+        self.refine_prompt = QLineEdit()
+        self.refine_prompt.setPlaceholderText("refine prompt, e.g. [oral_2][laugh_0][break_6]")
+        self.refine_prompt.setEnabled(False)
+        self.refine.toggled.connect(self.refine_prompt.setEnabled)
         samp_box = QGroupBox("Speaker and sampling")
         f = QFormLayout(samp_box)
         row = QHBoxLayout()
@@ -151,6 +159,8 @@ class MainWindow(QMainWindow):
         f.addRow(self.dnsmos)
         f.addRow(self.ttfa)
         f.addRow(self.control_tokens)
+        f.addRow(self.refine)
+        f.addRow(self.refine_prompt)
 
         left = QWidget()
         lv = QVBoxLayout(left)
@@ -433,13 +443,14 @@ class MainWindow(QMainWindow):
         speaker = with_transcript(typed, transcript)  # a malformed speaker is an "Invalid settings" dialog now
         text = self.text.toPlainText().strip()
         label = self.artifact_label()
+        refine, prompt = self.refine.isChecked(), self.refine_prompt.text().strip()
         # one comparison per sentence, settings and source model: an artifact of that model joins it
         base = self.source if self.source_known else self.model_path()
         key = (base, text, typed, transcript, self.seed.value(), astuple(params), self.device(),
-               self.control_tokens.isChecked())
+               self.control_tokens.isChecked(), refine, prompt if refine else "")
         return workers.SynthJob(base, self.device(), self.checked_precisions() if self.source_known else [], text,
                                 speaker, self.seed.value(), params, self.dnsmos.isChecked(), self.asr.isChecked(),
-                                self.ttfa.isChecked(), self.control_tokens.isChecked(),
+                                self.ttfa.isChecked(), self.control_tokens.isChecked(), refine, prompt,
                                 intelligibility=self.intelligibility, key=key,
                                 artifacts={label: self.model_path()} if label else {},
                                 noise_floor=self.noise_floor.isChecked())
@@ -755,6 +766,8 @@ class MainWindow(QMainWindow):
         self.chart_axis.setCurrentIndex(max(i, 0))
         self.ttfa.setChecked(s.value("ttfa", "true") in (True, "true"))
         self.control_tokens.setChecked(s.value("control_tokens", "false") in (True, "true"))
+        self.refine.setChecked(s.value("refine", "false") in (True, "true"))
+        self.refine_prompt.setText(s.value("refine_prompt", ""))
         if s.value("geometry") is not None:
             self.restoreGeometry(s.value("geometry"))
         else:
@@ -780,6 +793,8 @@ class MainWindow(QMainWindow):
         s.setValue("chart_axis", self.chart_axis.currentData())
         s.setValue("ttfa", self.ttfa.isChecked())
         s.setValue("control_tokens", self.control_tokens.isChecked())
+        s.setValue("refine", self.refine.isChecked())
+        s.setValue("refine_prompt", self.refine_prompt.text())
         s.setValue("geometry", self.saveGeometry())
         s.setValue("split_main", self.main.saveState())
         s.setValue("split_right", self.right.saveState())

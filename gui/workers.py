@@ -124,6 +124,8 @@ class SynthJob:
     asr: bool = True  # WER/CER of each utterance against the text, by an offline ASR (the asr extra)
     time_to_first_audio: bool = True
     control_tokens: bool = False  # read [laugh], [uv_break], ... as controls, not as text
+    refine: bool = False  # rewrite the text with the GPT's text head first (ChatTTS's refine_text)
+    refine_prompt: str = ""  # e.g. [oral_2][laugh_0][break_6]
     reference: object = None  # an FP32 Utterance of the same sentence, from an earlier run
     intelligibility: "Intelligibility | None" = None  # the window's ASR session; None: one for this job
     key: tuple = field(default_factory=tuple)
@@ -308,6 +310,7 @@ def synthesize_precisions(job: SynthJob, emit, should_stop) -> list[dict]:
         return poll, sentence
 
     same = dict(speaker=job.speaker, seed=job.seed, control_tokens=job.control_tokens)  # every call, every run
+    refine = dict(refine=True, refine_prompt=job.refine_prompt) if job.refine else {}  # not in the warm-up
     asr = (job.intelligibility or Intelligibility()) if job.asr else None
     base = None
     reference = job.reference
@@ -343,7 +346,8 @@ def synthesize_precisions(job: SynthJob, emit, should_stop) -> list[dict]:
         poll, sentence = ticking(i, name, chunk)
         t0 = time.perf_counter()
         with _warnings_as_events(emit, name):
-            utt = synth.synthesize(job.text, **same, params=job.params, should_stop=poll, progress=sentence)[0]
+            utt = synth.synthesize(job.text, **same, **refine, params=job.params, should_stop=poll,
+                                   progress=sentence)[0]
         latency = time.perf_counter() - t0
         peak = torch.cuda.max_memory_allocated(dev) if dev.type == "cuda" else None
         ttfa = None
@@ -351,7 +355,7 @@ def synthesize_precisions(job: SynthJob, emit, should_stop) -> list[dict]:
             step(i, 3, f"{name}: time to first audio")
             t0 = time.perf_counter()
             with _warnings_as_events(lambda *_: None, name):  # the same audio as above: its warnings are said
-                pieces = synth.stream(job.text, **same, params=job.params)
+                pieces = synth.stream(job.text, **same, **refine, params=job.params)
                 for _ in pieces:
                     if dev.type == "cuda":
                         torch.cuda.synchronize(dev)
@@ -366,6 +370,7 @@ def synthesize_precisions(job: SynthJob, emit, should_stop) -> list[dict]:
                "timings": dict(utt.timings), "latency_s": latency, "rtf": latency / max(utt.duration, 1e-9),
                "time_to_first_audio_s": ttfa, "size_bytes": size, "peak_gpu_bytes": peak, "device": str(dev),
                "model": folder if folder is not None else job.model, "as_is": folder is not None,
+               "refined": utt.text if job.refine else None,
                "mcd_db": None, "mcd_note": "", "dnsmos_ovrl": None, "dnsmos_note": "",
                "asr_rate": None, "asr": None, "asr_note": "", "asr_settings": None}
         _score(res, reference, job.dnsmos)

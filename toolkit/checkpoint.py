@@ -324,6 +324,7 @@ def save_ttsq(model: TTSModel, out: str | Path, *, force: bool = False, extra: d
         shutil.copyfile(model.tokenizer.path, tmp / "tokenizer.json")
         write_manifest(tmp, {"precision": "fp32", "weights_dtype": dtype_name,
                              "config": model.cfg.to_dict(), "frontend": getattr(model, "frontend", None),
+                             "text_head": getattr(model, "text_head", True),
                              "default_voice": model.default_voice, **(extra or {})})
     return out
 

@@ -35,12 +35,36 @@ def cmd_synth(a) -> int:
     synth = Synthesizer(a.model, a.device, a.precision, compile=a.compile, kernels=KERNELS[a.kernels])
     params = SamplingParams(temperature=a.temperature, top_p=a.top_p, top_k=a.top_k, max_new_tokens=a.max_steps)
     utt = synth.synthesize(text, speaker=speaker, seed=a.seed, params=params, batch_size=a.batch_size,
-                           control_tokens=a.control_tokens, progress=progress_bar("sentences"))[0]
+                           control_tokens=a.control_tokens, progress=progress_bar("sentences"), **_refine_args(a))[0]
     write_wav(out, utt.wav, utt.sample_rate, force=a.force)
     t = utt.timings
+    if a.refine:
+        print(f"refined: {utt.text}")
     print(f"wrote {out}: {utt.duration:.2f} s at {utt.sample_rate} Hz, {utt.steps} steps, "
           f"{t['total']:.2f} s to synthesize (RTF {t['total'] / max(utt.duration, 1e-9):.3f})"
           + (" [hit max steps]" if utt.hit_limit else ""))
+    return 0
+
+
+def _refine_args(a) -> dict:
+    """synth's --refine options -> synthesize()'s keyword arguments (the torch and the edge runtime take the same)."""
+    from .refine import refine_params
+    return {"refine": a.refine, "refine_prompt": a.refine_prompt,
+            "refine_params": refine_params(max_new_tokens=a.refine_max_steps)}
+
+
+def cmd_refine(a) -> int:
+    text = sys.stdin.read() if a.text == "-" else a.text
+    from .refine import refine_params
+    params = refine_params(temperature=a.temperature, top_p=a.top_p, top_k=a.top_k, max_new_tokens=a.max_steps)
+    kwargs = dict(prompt=a.refine_prompt, seed=a.seed, params=params, batch_size=a.batch_size,
+                  control_tokens=a.control_tokens)
+    if a.model and (Path(a.model) / "onnx_manifest.json").is_file():
+        from .runtime import EdgeSynthesizer
+        print(EdgeSynthesizer(a.model, device=a.device).refine(text, **kwargs)[0])
+        return 0
+    from . import Synthesizer
+    print(Synthesizer(a.model, a.device, a.precision).refine(text, **kwargs)[0])
     return 0
 
 
@@ -55,9 +79,11 @@ def _synth_onnx(a, text: str, out: Path) -> int:
         print(synth.provider_note, file=sys.stderr)
     params = SamplingParams(temperature=a.temperature, top_p=a.top_p, top_k=a.top_k, max_new_tokens=a.max_steps)
     utt = synth.synthesize(text, speaker=with_transcript(a.speaker, a.speaker_text), seed=a.seed, params=params,
-                           batch_size=a.batch_size, control_tokens=a.control_tokens)[0]
+                           batch_size=a.batch_size, control_tokens=a.control_tokens, **_refine_args(a))[0]
     write_wav(out, utt.wav, utt.sample_rate)
     t = utt.timings
+    if a.refine:
+        print(f"refined: {utt.text}")
     print(f"wrote {out}: {utt.duration:.2f} s at {utt.sample_rate} Hz, {utt.steps} steps, "
           f"{t['total']:.2f} s to synthesize (RTF {t['total'] / max(utt.duration, 1e-9):.3f}, ONNX {synth.precision})"
           + (" [hit max steps]" if utt.hit_limit else ""))
@@ -251,6 +277,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--debug", action="store_true", help="show tracebacks")
     sub = p.add_subparsers(dest="command", required=True)
 
+    def refine_prompt_args(s):
+        s.add_argument("--refine-prompt", default="", metavar="P",
+                       help="steers the refine, as ChatTTS's RefineTextParams.prompt, e.g. [oral_2][laugh_0][break_6]")
+
     def model_args(s):
         s.add_argument("--model", help="ttsq model folder, quantized artifact or official ChatTTS folder "
                                        "(default: the shipped voice)")
@@ -279,6 +309,11 @@ def build_parser() -> argparse.ArgumentParser:
                    "for each batch size and 256-step cache bucket it meets (worth it for long or many texts)")
     add_kernels_option(s)
     s.add_argument("--force", action="store_true", help="overwrite an existing output file")
+    s.add_argument("--refine", action="store_true",
+                   help="first rewrite the text with the GPT's text head, as ChatTTS's infer() does by default "
+                   "(adds [uv_break], [laugh], ...; needs a ChatTTS checkpoint)")
+    refine_prompt_args(s)
+    s.add_argument("--refine-max-steps", type=int, default=384, help="text tokens per refined sentence at most")
     s.set_defaults(func=cmd_synth)
 
     s = sub.add_parser("speaker", help="ChatTTS speaker strings: sample one, make one from audio, decode one")
@@ -300,6 +335,22 @@ def build_parser() -> argparse.ArgumentParser:
     t = ssub.add_parser("decode", help="print a speaker string's (or file's) vector or codes as JSON")
     t.add_argument("speaker")
     t.set_defaults(func=cmd_speaker_decode)
+
+    s = sub.add_parser("refine", help="print the text as ChatTTS's refine_text rewrites it (needs a ChatTTS "
+                                      "checkpoint's text head)")
+    s.add_argument("text", help="the text, or - to read standard input")
+    model_args(s)
+    s.add_argument("--precision", default=None, help="apply a recipe at load (fp32, fp16, bf16, int8, int4, ...)")
+    refine_prompt_args(s)
+    s.add_argument("--seed", type=int, default=0, help="sampling seed")
+    s.add_argument("--temperature", type=float, default=0.7)
+    s.add_argument("--top-p", type=float, default=0.7)
+    s.add_argument("--top-k", type=int, default=20)
+    s.add_argument("--max-steps", type=int, default=384, help="text tokens per sentence at most")
+    s.add_argument("--batch-size", type=int, default=8, help="sentences per batch")
+    s.add_argument("--control-tokens", action="store_true",
+                   help="read [laugh], [uv_break], ... in the text as ChatTTS controls (default: as text)")
+    s.set_defaults(func=cmd_refine)
 
     s = sub.add_parser("info", help="config, parameter counts, precision and size of a model")
     s.add_argument("path")

@@ -93,6 +93,11 @@ class Generation:
     finished: Tensor  # (B,) False where max_new_tokens was hit first
 
 
+def vocabulary(cfg, text_eos: int | None) -> tuple[int, int]:
+    """(ids per step, vocabulary size) of a generation: Q codebooks of audio codes, or one text token."""
+    return (cfg.num_vq, cfg.num_audio_tokens) if text_eos is None else (1, cfg.num_text_tokens)
+
+
 class DecodeState:
     """Static device buffers for one batch size and chunk length."""
 
@@ -115,22 +120,26 @@ class DecodeState:
 
 def decode_step(gpt: GPT, s: DecodeState, p: SamplingParams, chunk: int,
                 run_block: BlockRunner = call_block, sample: Callable = sample_codes,
-                forward: Callable[[GPT, Tensor, Tensor, Tensor], Tensor] | None = None) -> None:
-    """One decode step on static buffers: sample from s.h, record, feed the codes back.
-    forward(gpt, x, cache slot, rope positions) replaces gpt's own forward (kernels.decode_forward)."""
-    cfg = gpt.cfg
-    B, Q, V = s.h.shape[0], cfg.num_vq, cfg.num_audio_tokens
+                forward: Callable[[GPT, Tensor, Tensor, Tensor], Tensor] | None = None,
+                text_eos: int | None = None) -> None:
+    """One decode step on static buffers: sample from s.h, record, feed the ids back.
+    forward(gpt, x, cache slot, rope positions) replaces gpt's own forward (kernels.decode_forward).
+    text_eos: sample one text token through the text head (refine) and stop at this id; None: Q audio codes."""
+    B, Q = s.codes.shape[0], s.codes.shape[2]  # Q ids per step: the codebooks, or 1 text token
+    logits = gpt.code_logits(s.h) if text_eos is None else gpt.text_logits(s.h)
+    V = logits.shape[-1]
+    eos = gpt.cfg.eos_code if text_eos is None else text_eos
     i = s.step
     j = (i % chunk).view(1)
-    ids = sample(gpt.code_logits(s.h).view(B * Q, V), s.history, s.temperature,
-                 s.noise.index_select(0, j)[0], i, s.min_new, p, cfg.eos_code)  # (B * Q,)
+    ids = sample(logits.view(B * Q, V), s.history, s.temperature,
+                 s.noise.index_select(0, j)[0], i, s.min_new, p, eos)  # (B * Q,)
     s.history.index_copy_(1, (i % p.penalty_window).view(1), ids[:, None])
     ids = ids.view(B, Q)
     s.hidden.index_copy_(1, j, s.h[:, None])
     s.codes.index_copy_(1, j, ids[:, None])
-    s.finished |= (ids == cfg.eos_code).any(-1)
+    s.finished |= (ids == eos).any(-1)
     s.lengths += ~s.finished
-    x = gpt.embed_codes(ids)[:, None].to(s.h.dtype)
+    x = (gpt.embed_codes(ids) if text_eos is None else gpt.emb_text(ids[:, 0]))[:, None].to(s.h.dtype)
     slot, rope = (s.prompt_len + i).view(1), s.rope_base + i
     s.h.copy_((forward(gpt, x, slot, rope) if forward else gpt(x, slot, rope, run_block))[:, 0])
     s.step += 1
@@ -218,13 +227,13 @@ class Engine:
             layer.attention.kv_cache.v.zero_()
         return grown
 
-    def _grow(self, B: int, length: int, params: SamplingParams, state: DecodeState):
+    def _grow(self, B: int, length: int, params: SamplingParams, state: DecodeState, text_eos: int | None):
         """Mid-generation: a longer cache holding what the old one held, and the step function for it."""
         gpt = self.gpt
         old = [(l.attention.kv_cache.k, l.attention.kv_cache.v) for l in gpt.layers]
         old_valid = gpt.key_valid
         self._ensure_cache(B, length)
-        step_fn, new = self._runner(B, params, gpt.norm.weight.dtype, old_valid.device, carry=state)
+        step_fn, new = self._runner(B, params, gpt.norm.weight.dtype, old_valid.device, text_eos, carry=state)
         b, n = old_valid.shape  # copied after any graph capture, which scribbles on the cache
         for layer, (k, v) in zip(gpt.layers, old):
             layer.attention.kv_cache.k[:b, :, :n] = k
@@ -233,11 +242,11 @@ class Engine:
         gpt.key_valid[:, n:] = True
         return step_fn, new
 
-    def _step(self, s: DecodeState, p: SamplingParams) -> None:
-        if self.uses_kernels(s.h.shape[0], s.h.device):
+    def _step(self, s: DecodeState, p: SamplingParams, text_eos: int | None) -> None:
+        if text_eos is None and self.uses_kernels(s.h.shape[0], s.h.device):  # the kernels sample codes only
             self._kernel_step(self.gpt, s, p, self.chunk)
         else:
-            self._decode_step(self.gpt, s, p, self.chunk)
+            self._decode_step(self.gpt, s, p, self.chunk, text_eos=text_eos)
 
     def uses_kernels(self, batch: int, device: torch.device) -> bool:
         """Whether a decode step of `batch` rows on `device` runs through toolkit/kernels.py. The first call that
@@ -301,25 +310,27 @@ class Engine:
                       RuntimeWarning, stacklevel=4)
         return False
 
-    def _runner(self, B: int, p: SamplingParams, dtype, device,
+    def _runner(self, B: int, p: SamplingParams, dtype, device, text_eos: int | None,
                 carry: DecodeState | None = None) -> tuple[Callable[[], None], DecodeState]:
-        """The step function for this batch, cache length and sampling settings; `carry` hands over the state
-        of a generation in flight (when the cache grew)."""
-        step_fn, state = self._make_runner(B, p, dtype, device)
+        """The step function for this batch, cache length, sampling settings and vocabulary (codes, or text up to
+        text_eos); `carry` hands over the state of a generation in flight (when the cache grew)."""
+        step_fn, state = self._make_runner(B, p, dtype, device, text_eos)
         if carry is not None and carry is not state:
             for name, value in vars(carry).items():
                 getattr(state, name).copy_(value)
         return step_fn, state
 
-    def _make_runner(self, B: int, p: SamplingParams, dtype, device) -> tuple[Callable[[], None], DecodeState]:
+    def _make_runner(self, B: int, p: SamplingParams, dtype, device,
+                     text_eos: int | None) -> tuple[Callable[[], None], DecodeState]:
         cfg = self.gpt.cfg
-        key = (B, self.gpt.cache_shape, dtype, p.top_p, p.top_k, p.repetition_penalty, p.penalty_window, p.min_keep)
+        key = (B, self.gpt.cache_shape, dtype, p.top_p, p.top_k, p.repetition_penalty, p.penalty_window, p.min_keep,
+               text_eos)
         use_graph = self.cuda_graphs and device.type == "cuda"
+        Q, V = vocabulary(cfg, text_eos)
 
         def make():
-            state = DecodeState(B, cfg.hidden, cfg.num_vq, cfg.num_audio_tokens, p.penalty_window, self.chunk, dtype,
-                                device)
-            return (self._graph_of(lambda: self._step(state, p), device), state) if use_graph else state
+            state = DecodeState(B, cfg.hidden, Q, V, p.penalty_window, self.chunk, dtype, device)
+            return (self._graph_of(lambda: self._step(state, p, text_eos), device), state) if use_graph else state
 
         try:
             kept = self._kept(self._graphs if use_graph else self._states, key, make)
@@ -328,9 +339,9 @@ class Engine:
                           "decoding without graphs from now on, more slowly", RuntimeWarning, stacklevel=4)
             self.cuda_graphs = False
             self._graphs.clear()  # never replayed again
-            return self._make_runner(B, p, dtype, device)
+            return self._make_runner(B, p, dtype, device, text_eos)
         if not use_graph:
-            return (lambda: self._step(kept, p)), kept
+            return (lambda: self._step(kept, p, text_eos)), kept
         graph, state = kept
         return graph.replay, state
 
@@ -412,16 +423,18 @@ class Engine:
     @torch.inference_mode()
     def stream(self, emb: Tensor, valid: Tensor, params: SamplingParams, seed: int = 0,
                should_stop: Callable[[], bool] | None = None, first_yield: int | None = None,
-               lookahead: bool = False, reserve: int = 0) -> Iterator[Chunk]:
+               lookahead: bool = False, reserve: int = 0, text_eos: int | None = None) -> Iterator[Chunk]:
         """emb (B, T, D) prompt embeddings, valid (B, T) non-padding -> chunks of `chunk` steps.
         first_yield: also hand over the steps so far once `first_yield` steps exist (a streaming renderer's first
         audio needs that many, not a multiple of `chunk`); sampling is unchanged, since noise is drawn per chunk.
         lookahead: queue the next chunk's steps before handing this one over, so that on CUDA the consumer's work
         (a renderer on its own stream) overlaps them; costs up to one chunk of discarded steps after EOS.
         reserve: size the KV cache for this many steps now, not by growing it (with compile=True every cache bucket
-        is a compile: a caller that knows the length saves the ones it would pass through)."""
+        is a compile: a caller that knows the length saves the ones it would pass through).
+        text_eos: generate text through the text head (ChatTTS's refine mode), one token per step (codes (B, n, 1)),
+        until this token id; None: audio codes."""
         queue: deque[Chunk] = deque()
-        launched = self._launch(emb, valid, params, seed, first_yield, reserve)
+        launched = self._launch(emb, valid, params, seed, first_yield, reserve, text_eos)
         for chunk in itertools.chain(launched, [None]):
             if chunk is not None:
                 queue.append(chunk)
@@ -434,7 +447,7 @@ class Engine:
                     return
 
     def _launch(self, emb: Tensor, valid: Tensor, params: SamplingParams, seed: int,
-                first_yield: int | None, reserve: int) -> Iterator[Chunk]:
+                first_yield: int | None, reserve: int, text_eos: int | None) -> Iterator[Chunk]:
         """Prefill, then the steps of each chunk, queued (on CUDA) without waiting for them."""
         gpt, cfg = self.gpt, self.gpt.cfg
         B, T, D = emb.shape
@@ -450,7 +463,7 @@ class Engine:
         # the cache starts at the prompt plus one bucket and grows by buckets: attention cost follows the length
         first = T + min(max(self.chunk, reserve), steps)
         self._ensure_cache(B, first)
-        step_fn, s = self._runner(B, params, dtype, dev)  # may capture, which writes the cache: prefill after
+        step_fn, s = self._runner(B, params, dtype, dev, text_eos)  # may capture, which writes the cache: prefill after
         prefill = self._prefill_runner(B, T, dtype, dev)
         self._ensure_cache(B, first)
         gpt.key_valid[:B].fill_(True)
@@ -460,8 +473,9 @@ class Engine:
         s.prompt_len.fill_(T)
         s.min_new.fill_(params.min_new_tokens)
         s.rope_base.copy_(valid.long().sum(1, keepdim=True))
-        s.temperature.copy_(torch.tensor(params.temperatures(cfg.num_vq), device=dev).repeat(B))
-        s.history.fill_(cfg.num_audio_tokens)
+        Q, V = vocabulary(cfg, text_eos)
+        s.temperature.copy_(torch.tensor(params.temperatures(Q), device=dev).repeat(B))
+        s.history.fill_(V)
         s.finished.zero_()
         s.lengths.zero_()
         gen = torch.Generator(device=dev).manual_seed(int(seed))
@@ -474,7 +488,7 @@ class Engine:
                 pending = None
             n = min(self.chunk, steps - start)
             if gpt.cache_shape[1] < T + start + n:
-                step_fn, s = self._grow(B, T + start + n, params, s)
+                step_fn, s = self._grow(B, T + start + n, params, s, text_eos)
             s.noise.exponential_(1, generator=gen)
             done = 0
             for cut in sorted({first_yield - start, n} if first_yield and 0 < first_yield - start < n else {n}):
@@ -503,8 +517,9 @@ class Engine:
         return (*host, ready)
 
     def generate(self, emb: Tensor, valid: Tensor, params: SamplingParams, seed: int = 0,
-                 should_stop: Callable[[], bool] | None = None, reserve: int = 0) -> Generation:
-        chunks = list(self.stream(emb, valid, params, seed, should_stop, reserve=reserve))
+                 should_stop: Callable[[], bool] | None = None, reserve: int = 0,
+                 text_eos: int | None = None) -> Generation:
+        chunks = list(self.stream(emb, valid, params, seed, should_stop, reserve=reserve, text_eos=text_eos))
         last, dev = chunks[-1], emb.device
         return Generation(torch.cat([c.hidden for c in chunks], 1), torch.cat([c.codes for c in chunks], 1),
                           last.lengths.to(dev), last.finished.to(dev))

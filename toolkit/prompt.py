@@ -10,6 +10,7 @@ from torch import Tensor
 
 from .models import TTSModel
 from .models.speaker import apply_speaker, chattts_speaker, random_speaker
+from .refine import refine_prompt
 from .speakers import ChatTTSSeed, SampleSpeaker, SpeakerError, check_vector, parse_speaker
 from .text import normalize, prompt_text
 
@@ -46,6 +47,16 @@ def encode_prompts(model: TTSModel, sentences: Sequence[str], speaker: Tensor | 
         emb = torch.cat([emb, smp[None].expand(len(sentences), -1, -1)], 1)
         valid = torch.cat([valid, torch.ones(len(sentences), len(smp), dtype=valid.dtype, device=device)], 1)
     return emb, valid
+
+
+def encode_refine_prompts(model: TTSModel, sentences: Sequence[str], prompt: str = "") -> tuple[Tensor, Tensor]:
+    """-> emb (B, T, D), valid (B, T) of refine's `[Sbreak]{sentence}[Pbreak]{prompt}`: text embeddings only."""
+    gpt = model.gpt
+    ids, valid = model.tokenizer.encode([refine_prompt(s, prompt) for s in sentences])
+    if int(ids.max()) >= gpt.cfg.num_text_tokens:
+        raise ValueError("the tokenizer produced ids beyond the model's text vocabulary: wrong tokenizer.json?")
+    device = gpt.emb_text.weight.device
+    return gpt.emb_text(ids.to(device)), valid.to(device)
 
 
 def reads_audio_prompts(model: TTSModel) -> bool:

@@ -96,11 +96,15 @@ class StreamRenderer:
 
 
 def stream_text(synth, text: str, *, speaker=None, seed: int = 0, params: SamplingParams | None = None,
-                max_chars: int = 120, control_tokens: bool = False) -> Iterator[np.ndarray]:
-    """Yields float32 24 kHz audio pieces as the GPT produces states; sentence by sentence."""
+                max_chars: int = 120, control_tokens: bool = False, refine: bool = False, refine_prompt: str = "",
+                refine_params: SamplingParams | None = None) -> Iterator[np.ndarray]:
+    """Yields float32 24 kHz audio pieces as the GPT produces states; sentence by sentence, each refined first
+    with refine (as Synthesizer.synthesize's arguments of the same names)."""
     params = params or SamplingParams()
     spk = synth.voice(speaker)
     for i, (_, sentence) in enumerate(sentence_pieces([text], max_chars, control_tokens)):
+        if refine:
+            sentence = synth.refine_sentences([sentence], refine_prompt, refine_params, seed + i)[0]
         with synth.memory_guard(1):
             emb, valid = encode_prompts(synth.model, [sentence], spk)
             renderer = StreamRenderer(synth.model)

@@ -17,7 +17,8 @@ from . import checkpoint
 from .engine import Engine, sync_device
 from .models import TTSModel
 from .plan import Plan
-from .prompt import Voice, encode_prompts, resolve_speaker, resolve_voice
+from .prompt import Voice, encode_prompts, encode_refine_prompts, resolve_speaker, resolve_voice
+from .refine import EOS, check_prompt, check_refinable, refine_params, refine_plan, refined_texts
 from .sampling import SamplingParams
 
 DEFAULT_MODEL = Path(__file__).parent / "assets" / "voice"
@@ -67,12 +68,17 @@ class Utterance:
     sample_rate: int
     steps: int  # GPT steps before EOS, summed over the text's sentences
     hit_limit: bool  # some sentence ran to max_new_tokens without EOS
-    timings: dict[str, float] = field(default_factory=dict)  # seconds: gpt, decoder, vocoder, total
+    timings: dict[str, float] = field(default_factory=dict)  # seconds: gpt, decoder, vocoder, total (refine)
     segments: list[Segment] = field(default_factory=list)
 
     @property
     def duration(self) -> float:
         return len(self.wav) / self.sample_rate
+
+    @property
+    def text(self) -> str:
+        """What the GPT read, sentence by sentence: the refined text when synthesized with refine."""
+        return " ".join(s.text for s in self.segments)
 
 
 def resolve_device(device: str | torch.device | None) -> torch.device:
@@ -100,6 +106,7 @@ def load_model(path: str | Path | None = None, device: torch.device | str = "cpu
     else:
         model = checkpoint.load_ttsq(root, manifest)
     model.frontend = manifest.get("frontend")  # the text front end the model was trained with (e.g. "espeak")
+    model.text_head = manifest.get("text_head", True)  # False: the GPT's text head was never trained (no refine)
     return model
 
 
@@ -213,28 +220,68 @@ class Synthesizer:
             out.append(wav.cpu().numpy().astype(np.float32))
         return out, timing
 
+    def check_refine(self, prompt: str = "") -> None:
+        """RefineError unless this model can refine (a trained text head) and `prompt` is a run of its tokens."""
+        check_refinable(self.model.tokenizer, getattr(self.model, "text_head", True))
+        check_prompt(self.model.tokenizer, prompt)
+
+    @torch.inference_mode()
+    def refine_sentences(self, sentences: Sequence[str], prompt: str = "", params: SamplingParams | None = None,
+                         seed: int = 0, should_stop: Callable[[], bool] | None = None) -> list[str]:
+        """One batch of sentences -> their texts as ChatTTS's refine_text rewrites them (toolkit.refine): the
+        engine generates text tokens through the GPT's text head until [Ebreak]."""
+        self.check_refine(prompt)
+        params = params or refine_params()
+        with self.memory_guard(len(sentences)):
+            emb, valid = encode_refine_prompts(self.model, sentences, prompt)
+            gen = self.engine.generate(emb, valid, params, seed=seed, should_stop=should_stop,
+                                       text_eos=self.model.tokenizer.token_id(EOS))
+        rows = [gen.codes[j, : int(gen.lengths[j]), 0].tolist() for j in range(len(sentences))]
+        return refined_texts(self.model.tokenizer, sentences, rows, gen.finished.tolist(), params.max_new_tokens)
+
+    def refine(self, texts: str | Sequence[str], *, prompt: str = "", seed: int = 0,
+               params: SamplingParams | None = None, batch_size: int = 8, max_chars: int = 120,
+               control_tokens: bool = False) -> list[str]:
+        """Each text refined as synthesize(refine=True) would refine it (same sentences, batches and seeds):
+        one string per text, its refined sentences joined by spaces."""
+        plan = Plan.make(texts, batch_size, max_chars, control_tokens)
+        self.check_refine(prompt)
+        return refine_plan(plan, lambda sentences, b: self.refine_sentences(sentences, prompt, params, seed + b))
+
     @torch.inference_mode()
     def synthesize(self, texts: str | Sequence[str], *, speaker=None, seed: int = 0,
                    params: SamplingParams | None = None, batch_size: int = 8, max_chars: int = 120,
                    control_tokens: bool = False, progress: Callable[[int, int], None] | None = None,
-                   should_stop: Callable[[], bool] | None = None) -> list[Utterance]:
+                   should_stop: Callable[[], bool] | None = None, refine: bool = False, refine_prompt: str = "",
+                   refine_params: SamplingParams | None = None) -> list[Utterance]:
         """Each text is split into sentences, sentences are batched with padding, and the audio of each
         text is returned whole. `progress(done, total)` is called per batch of sentences. `[laugh]`-style
-        tokens in the text are read as text unless control_tokens."""
+        tokens in the text are read as text unless control_tokens.
+        refine: first rewrite each batch of sentences with the text head, as ChatTTS's infer() does by default
+        (refine_prompt e.g. "[oral_2][laugh_0][break_6]"; refine_params default to ChatTTS's); the segments
+        (and Utterance.text) hold the refined text."""
         plan = Plan.make(texts, batch_size, max_chars, control_tokens)
         params = params or SamplingParams()
         spk = self.voice(speaker)
+        if refine:  # before any work: a model without a text head fails at once
+            self.check_refine(refine_prompt)
         pieces = plan.pieces
         wavs: dict[int, np.ndarray] = {}
         segs: dict[int, Segment] = {}
         steps: dict[int, int] = {}
         limit: dict[int, bool] = {}
-        timing = {"gpt": 0.0, "decoder": 0.0, "vocoder": 0.0}
+        timing = {"gpt": 0.0, "decoder": 0.0, "vocoder": 0.0, **({"refine": 0.0} if refine else {})}
         t_start = time.perf_counter()
         for b, idx in plan.batches():
             t0 = time.perf_counter()
+            sentences = [pieces[k][1] for k in idx]
+            if refine:
+                sentences = self.refine_sentences(sentences, refine_prompt, refine_params, seed + b, should_stop)
+                sync_device(self.device)
+                timing["refine"] += time.perf_counter() - t0
+                t0 = time.perf_counter()
             with self.memory_guard(len(idx)):
-                emb, valid = encode_prompts(self.model, [pieces[k][1] for k in idx], spk)
+                emb, valid = encode_prompts(self.model, sentences, spk)
                 gen = self._generate(emb, valid, params, seed + b, should_stop)
                 sync_device(self.device)
                 timing["gpt"] += time.perf_counter() - t0
@@ -244,7 +291,7 @@ class Synthesizer:
             for j, k in enumerate(idx):
                 wavs[k], steps[k], limit[k] = out[j], int(gen.lengths[j]), not bool(gen.finished[j])
                 n = steps[k]
-                segs[k] = Segment(pieces[k][1], gen.codes[j, :n].cpu(), gen.hidden[j, :n].float().cpu())
+                segs[k] = Segment(sentences[j], gen.codes[j, :n].cpu(), gen.hidden[j, :n].float().cpu())
             if progress:
                 progress(b + len(idx), len(pieces))
             if should_stop is not None and should_stop():

@@ -5,7 +5,8 @@
 
 The folder holds gpt.onnx (prefill and decode step in one graph, the KV cache as explicit inputs/outputs),
 decoder.onnx, vocos.onnx (mel -> complex spectrum; the ISTFT runs in numpy), tokenizer.json, spk_stat.npy,
-voices/*.npy and onnx_manifest.json. See README.md in this folder.
+voices/*.npy and onnx_manifest.json; and text_head.onnx (GPT state -> text logits, for refine) where the model
+has a trained text head (a ChatTTS checkpoint). See README.md in this folder.
 """
 from __future__ import annotations
 
@@ -83,7 +84,8 @@ def export_onnx(model_path, precision: str, out, *, calib_set=None, force: bool 
     from ..synthesizer import DEFAULT_MODEL, load_model
     from . import quantize as q
     from .decoder import export_decoder
-    from .gpt import export_gpt
+    from ..refine import RefineError, check_refinable
+    from .gpt import export_gpt, export_text_head
     from .vocos import export_vocos
 
     spec = q.parse_precision(precision)
@@ -96,6 +98,11 @@ def export_onnx(model_path, precision: str, out, *, calib_set=None, force: bool 
     model = load_model(model_path).float().eval()
     if model.tokenizer is None:
         raise ValueError(f"{model_path} has no tokenizer.json; the runtime needs one")
+    try:  # refine reads the text head: exported only where it was trained
+        check_refinable(model.tokenizer, getattr(model, "text_head", True))
+        graphs = (*GRAPHS, "text_head")
+    except RefineError:
+        graphs = GRAPHS
     t0 = time.perf_counter()
     quant: dict[str, dict] = {}
     with tempfile.TemporaryDirectory(prefix="ttsq-export-") as work, atomic_dir(out, force=force) as tmp:
@@ -110,6 +117,8 @@ def export_onnx(model_path, precision: str, out, *, calib_set=None, force: bool 
             step(stages[2], 0, 1)
             export_vocos(model, work / "vocos.onnx", OPSET)
             step(stages[2], 1, 1)
+            if "text_head" in graphs:
+                export_text_head(model.gpt, work / "text_head.onnx", OPSET)
         kind = spec["kind"]
         feeds = None
         calib_meta = None
@@ -117,10 +126,10 @@ def export_onnx(model_path, precision: str, out, *, calib_set=None, force: bool 
             dec_feeds, voc_feeds, calib_meta = _record_activations(model, model_path, calib_set, calib_limit,
                                                                    calib_steps, progress)
             feeds = {"decoder": dec_feeds, "vocos": voc_feeds}
-        for i, g in enumerate(GRAPHS):
-            step(stages[3], i, len(GRAPHS))
+        for i, g in enumerate(graphs):
+            step(stages[3], i, len(graphs))
             src, dst = work / f"{g}.onnx", tmp / f"{g}.onnx"
-            if kind == "fp32":
+            if kind == "fp32" or (g == "text_head" and kind != "fp16"):  # kept float, as the torch recipes keep it
                 shutil.copyfile(src, dst)
                 quant[g] = {"method": "none"}
             elif kind == "fp16":
@@ -132,7 +141,7 @@ def export_onnx(model_path, precision: str, out, *, calib_set=None, force: bool 
                     quant[g] = q.int8_dynamic(src, dst)
             else:  # int4: the GPT's MatMuls in 4 bits; the convolution stacks' MatMuls in int8
                 quant[g] = q.int4(src, dst, spec["block"], spec["algo"]) if g == "gpt" else q.int8_dynamic(src, dst)
-        step(stages[3], len(GRAPHS), len(GRAPHS))
+        step(stages[3], len(graphs), len(graphs))
         step(stages[4], 0, 1)
         shutil.copyfile(model.tokenizer.path, tmp / "tokenizer.json")
         np.save(tmp / "spk_stat.npy", model.spk_stat.float().numpy())
@@ -142,14 +151,14 @@ def export_onnx(model_path, precision: str, out, *, calib_set=None, force: bool 
             for name, vec in model.voices.items():
                 np.save(tmp / "voices" / f"{name}.npy", vec.float().numpy())
                 voices[name] = f"voices/{name}.npy"
-        manifest = _manifest(model, spec, quant, tmp, voices, calib_meta, model_path)
+        manifest = _manifest(model, spec, quant, tmp, voices, calib_meta, model_path, graphs)
         manifest["export_seconds"] = round(time.perf_counter() - t0, 2)
         (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
         step(stages[4], 1, 1)
     return out
 
 
-def _manifest(model, spec, quant, folder: Path, voices, calib_meta, source) -> dict:
+def _manifest(model, spec, quant, folder: Path, voices, calib_meta, source, graphs=GRAPHS) -> dict:
     from ..checkpoint import sha256_file
     from ..sampling import SamplingParams
     from ..synthesizer import source_name
@@ -165,7 +174,7 @@ def _manifest(model, spec, quant, folder: Path, voices, calib_meta, source) -> d
         "format": FORMAT, "format_version": FORMAT_VERSION, "precision": spec["name"], "opset": OPSET,
         "source": source_name(source),
         "graphs": {name: {"file": f"{name}.onnx", **_io(folder / f"{name}.onnx"), "quantization": quant[name]}
-                   for name in GRAPHS},
+                   for name in graphs},
         "decode": {"cache": "grown: present_* (B,H,P+T,K) of one call is the next call's past_*",
                    "prefill": "ids = text ids on all Q channels, text_mask True, past length 0",
                    "step": "ids = the sampled codes (B,1,Q), text_mask False, key_valid appended with True",
@@ -175,7 +184,9 @@ def _manifest(model, spec, quant, folder: Path, voices, calib_meta, source) -> d
         "streaming": {"decoder_radius": model.decoder.receptive_radius, "vocos_radius": model.vocos.receptive_radius},
         "config": model.cfg.to_dict(),
         "tokenizer": "tokenizer.json",
-        "special_tokens": {t: tok.token_id(t) for t in ("[spk_emb]", "[Stts]", "[Ptts]", "[speed_5]") if tok.has(t)},
+        "special_tokens": {t: tok.token_id(t) for t in ("[spk_emb]", "[Stts]", "[Ptts]", "[speed_5]", "[Sbreak]",
+                                                        "[Pbreak]", "[Ebreak]", "[break_0]") if tok.has(t)},
+        "text_head": getattr(model, "text_head", True),
         "pad_id": tok.pad_id,
         "spk_stat": "spk_stat.npy",
         "voices": voices,

@@ -73,6 +73,25 @@ def io_names(layers: int) -> tuple[list[str], list[str]]:
     return ["ids", "text_mask", "speaker", "spk_mask", "rope_pos", "key_valid", *past], ["logits", "hidden", *present]
 
 
+class TextHead(nn.Module):
+    """hidden (B, D) float32 -> text logits (B, V_text) float32: what refine samples from, a graph of its own so
+    that the code steps do not pay for it."""
+
+    def __init__(self, gpt: GPT):
+        super().__init__()
+        self.gpt = gpt
+
+    def forward(self, hidden: Tensor) -> Tensor:
+        return self.gpt.text_logits(hidden)
+
+
+def export_text_head(gpt: GPT, path, opset: int) -> None:
+    with torch.no_grad():
+        torch.onnx.export(TextHead(gpt).eval(), (torch.randn(2, gpt.cfg.hidden),), str(path), input_names=["hidden"],
+                          output_names=["logits"], dynamic_axes={"hidden": {0: "batch"}, "logits": {0: "batch"}},
+                          opset_version=opset, dynamo=False, do_constant_folding=True)
+
+
 def export_gpt(gpt: GPT, path, opset: int) -> None:
     cfg = gpt.cfg
     B, T, P = 2, 5, 3

@@ -34,6 +34,7 @@ def save_artifact(model: TTSModel, out: str | Path, *, force: bool = False, cali
         write_manifest(tmp, {
             "precision": report.precision, "recipe": dict(RECIPES[report.precision].__dict__), "source": source,
             "frontend": getattr(model, "frontend", None), "voices": sorted(getattr(model, "voices", {}) or {}),
+            "text_head": getattr(model, "text_head", True),
             "device_kind": report.device, "dtype": str(model.gpt.norm.weight.dtype).removeprefix("torch."),
             "config": model.cfg.to_dict(), "layers": layers, "awq_alphas": plan.alphas, "int4_clip_ratios": plan.clipped,
             "sensitivity": plan.scores, "calibration": calib or {}, "errors": report.errors,

@@ -78,6 +78,9 @@ class Sessions:
                                             providers=self.providers)
         self.vocos = ort.InferenceSession(str(root / manifest["graphs"]["vocos"]["file"]), opts,
                                           providers=self.providers)
+        head = manifest["graphs"].get("text_head")  # exported where the model has a trained text head (refine)
+        self.text_head = (ort.InferenceSession(str(root / head["file"]), opts, providers=self.providers)
+                          if head else None)
 
 
 class Engine:
@@ -87,6 +90,7 @@ class Engine:
         self.L, self.H, self.D = g["layers"], g["heads"], g["hidden"]
         self.K = self.D // self.H
         self.Q, self.V = g["num_vq"], g["num_audio_tokens"]
+        self.V_text = g["num_text_tokens"]
         self.eos = self.V - 1
         self.max_positions = g["max_positions"]
         self.chunk = chunk
@@ -101,13 +105,17 @@ class Engine:
 
     def stream(self, ids: np.ndarray, valid: np.ndarray, speaker: np.ndarray, spk_id: int | None,
                params: SamplingParams, seed: int = 0, should_stop: Callable[[], bool] | None = None,
-               sample: np.ndarray | None = None) -> Iterator[Chunk]:
+               sample: np.ndarray | None = None, text_eos: int | None = None) -> Iterator[Chunk]:
         """ids (B, T) left-padded text ids, valid (B, T) bool, speaker (B, D) -> chunks of `chunk` steps.
-        sample (S, Q): a sample-audio speaker's codes, placed after every row's text (ChatTTS's spk_smp)."""
+        sample (S, Q): a sample-audio speaker's codes, placed after every row's text (ChatTTS's spk_smp).
+        text_eos: generate text tokens through text_head.onnx (refine), one per step (codes (B, n, 1)), until this
+        id; None: audio codes."""
         B = ids.shape[0]
-        Q, V = self.Q, self.V
+        text = text_eos is not None
+        Q, V = (1, self.V_text) if text else (self.Q, self.V)
+        eos = text_eos if text else self.eos
         spk_mask = ids == spk_id if spk_id is not None else np.zeros_like(valid)
-        prompt, text_mask = np.repeat(ids[..., None], Q, 2).astype(np.int64), np.ones(ids.shape, bool)
+        prompt, text_mask = np.repeat(ids[..., None], self.Q, 2).astype(np.int64), np.ones(ids.shape, bool)
         if sample is not None:
             S = len(sample)
             prompt = np.concatenate([prompt, np.repeat(sample[None].astype(np.int64), B, 0)], 1)
@@ -132,19 +140,22 @@ class Engine:
         lengths = np.zeros(B, np.int64)
         rng = np.random.default_rng(int(seed))
         no_text = np.zeros((B, 1), bool)
+        step_mask = np.ones((B, 1), bool) if text else no_text  # text tokens are read from channel 0 of Q
         zeros_spk = np.zeros((B, self.D), np.float32)
         start = 0
         hid, cod = [], []
         for i in range(steps):
+            if text:
+                logits = self.s.text_head.run(None, {"hidden": np.ascontiguousarray(h, np.float32)})[0]
             lg = process_logits(logits.reshape(B * Q, V), history, params, temps)
             if i < params.min_new_tokens:
-                lg[:, self.eos] = -np.inf
+                lg[:, eos] = -np.inf
             codes = draw(lg, rng.standard_exponential((B * Q, V), dtype=np.float32))
             history[:, i % params.penalty_window] = codes
             codes = codes.reshape(B, Q)
             hid.append(h)
             cod.append(codes)
-            finished |= (codes == self.eos).any(-1)
+            finished |= (codes == eos).any(-1)
             lengths += ~finished
             done = bool(finished.all()) or i == steps - 1
             if done or len(hid) == self.chunk:
@@ -154,7 +165,8 @@ class Engine:
                 if done or (should_stop is not None and should_stop()):
                     return
             key_valid = np.concatenate([key_valid, np.ones((B, 1), bool)], 1)
-            logits, h, past = self._run({"ids": codes[:, None].astype(np.int64), "text_mask": no_text,
+            fed = np.repeat(codes, self.Q, 1) if text else codes  # (B, Q)
+            logits, h, past = self._run({"ids": fed[:, None].astype(np.int64), "text_mask": step_mask,
                                          "speaker": zeros_spk, "spk_mask": no_text, "rope_pos": rope_base + i,
                                          "key_valid": key_valid}, past)
 

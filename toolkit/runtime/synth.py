@@ -9,6 +9,7 @@ from typing import Callable, Iterator, Sequence
 import numpy as np
 
 from ..plan import Plan, render_stream
+from ..refine import EOS, check_prompt, check_refinable, refine_params, refine_plan, refine_prompt, refined_texts
 from ..speakers import ChatTTSSeed, SampleSpeaker, SpeakerError, check_vector, parse_speaker
 from ..text import normalize, prompt_text, sentence_pieces
 from .dsp import istft, torch_randn
@@ -25,6 +26,7 @@ class Utterance:
     steps: int
     hit_limit: bool
     timings: dict[str, float] = field(default_factory=dict)
+    text: str = ""  # what the GPT read, sentence by sentence: the refined text when synthesized with refine
 
     @property
     def duration(self) -> float:
@@ -41,6 +43,9 @@ class Tokenizer:
 
     def has(self, token: str) -> bool:
         return self._tok.token_to_id(token) is not None
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return self._tok.decode(list(ids))
 
     def encode(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
         """-> ids (B, T) int64 and mask (B, T) bool, left-padded like the torch tokenizer."""
@@ -121,6 +126,35 @@ class EdgeSynthesizer:
             raise ValueError("the tokenizer produced ids beyond the model's text vocabulary: wrong tokenizer.json?")
         return ids, valid
 
+    # --- refine ---------------------------------------------------------------------------------------
+    def check_refine(self, prompt: str = "") -> None:
+        """RefineError unless this export can refine (it holds text_head.onnx) and `prompt` is a run of its tokens."""
+        no_head = None if self.sessions.text_head is not None else (
+            f"{self.root} has no text_head.onnx: it was exported by a ttsq without refine support; export the "
+            "ChatTTS checkpoint again (ttsq export) to refine here")
+        check_refinable(self.tokenizer, self.manifest.get("text_head", True), no_head)
+        check_prompt(self.tokenizer, prompt)
+
+    def refine_sentences(self, sentences: Sequence[str], prompt: str = "", params: SamplingParams | None = None,
+                         seed: int = 0) -> list[str]:
+        """One batch of sentences -> their refined texts (toolkit.refine), through gpt.onnx and text_head.onnx."""
+        self.check_refine(prompt)
+        params = params or refine_params()
+        ids, valid = self.tokenizer.encode([refine_prompt(s, prompt) for s in sentences])
+        speaker = np.zeros((len(sentences), self.cfg["gpt"]["hidden"]), np.float32)
+        gen = self.engine.generate(ids, valid, speaker, None, params, seed=seed,
+                                   text_eos=self.tokenizer.token_id(EOS))
+        rows = [gen.codes[j, : int(gen.lengths[j]), 0].tolist() for j in range(len(sentences))]
+        return refined_texts(self.tokenizer, sentences, rows, gen.finished.tolist(), params.max_new_tokens)
+
+    def refine(self, texts: str | Sequence[str], *, prompt: str = "", seed: int = 0,
+               params: SamplingParams | None = None, batch_size: int = 8, max_chars: int = 120,
+               control_tokens: bool = False) -> list[str]:
+        """As toolkit.Synthesizer.refine: one refined string per text."""
+        plan = Plan.make(texts, batch_size, max_chars, control_tokens)
+        self.check_refine(prompt)
+        return refine_plan(plan, lambda sentences, b: self.refine_sentences(sentences, prompt, params, seed + b))
+
     # --- decoding -----------------------------------------------------------------------------------
     def decode(self, hidden: np.ndarray, n: int) -> tuple[np.ndarray, float, float]:
         """hidden (N, D) -> 512 * n - 256 samples, (wav, decoder s, vocoder s)."""
@@ -137,19 +171,31 @@ class EdgeSynthesizer:
 
     def synthesize(self, texts: str | Sequence[str], *, speaker=None, seed: int = 0,
                    params: SamplingParams | None = None, batch_size: int = 8, max_chars: int = 120,
-                   control_tokens: bool = False, progress: Callable[[int, int], None] | None = None) -> list[Utterance]:
+                   control_tokens: bool = False, progress: Callable[[int, int], None] | None = None,
+                   refine: bool = False, refine_prompt: str = "",
+                   refine_params: SamplingParams | None = None) -> list[Utterance]:
+        """As toolkit.Synthesizer.synthesize; refine rewrites each batch of sentences first (Utterance.text)."""
         plan = Plan.make(texts, batch_size, max_chars, control_tokens)
         params = params or SamplingParams()
         spk, sample, sample_text = self.voice(speaker)
+        if refine:
+            self.check_refine(refine_prompt)
         pieces = plan.pieces
         wavs, steps, limit = {}, {}, {}
         timing = {"gpt": 0.0, "decoder": 0.0, "vocoder": 0.0}
         t_start = time.perf_counter()
         spk_id = self.tokenizer.token_id("[spk_emb]") if spk is not None else None
         spk = np.zeros(self.cfg["gpt"]["hidden"], np.float32) if spk is None else spk
+        texts_read = {}
         for b, idx in plan.batches():
             t0 = time.perf_counter()
-            ids, valid = self.encode([pieces[k][1] for k in idx], sample_text, spk_id is not None)
+            sentences = [pieces[k][1] for k in idx]
+            if refine:
+                sentences = self.refine_sentences(sentences, refine_prompt, refine_params, seed + b)
+                timing["refine"] = timing.get("refine", 0.0) + time.perf_counter() - t0
+                t0 = time.perf_counter()
+            texts_read.update(zip(idx, sentences))
+            ids, valid = self.encode(sentences, sample_text, spk_id is not None)
             gen = self.engine.generate(ids, valid, np.repeat(spk[None], len(idx), 0), spk_id, params, seed=seed + b,
                                        sample=sample)
             timing["gpt"] += time.perf_counter() - t0
@@ -163,7 +209,8 @@ class EdgeSynthesizer:
                 progress(b + len(idx), len(pieces))
         timing["total"] = time.perf_counter() - t_start
         return [Utterance(np.concatenate([wavs[k] for k in ks]), self.sample_rate, sum(steps[k] for k in ks),
-                          any(limit[k] for k in ks), dict(timing)) for ks in plan.per_text(limit)]
+                          any(limit[k] for k in ks), dict(timing), " ".join(texts_read[k] for k in ks))
+                for ks in plan.per_text(limit)]
 
     def renderer(self) -> StreamRenderer:
         s = self.manifest["streaming"]
@@ -171,13 +218,17 @@ class EdgeSynthesizer:
                               s["decoder_radius"], s["vocos_radius"])
 
     def stream(self, text: str, *, speaker=None, seed: int = 0, params: SamplingParams | None = None,
-               max_chars: int = 120, control_tokens: bool = False) -> Iterator[np.ndarray]:
-        """Yields float32 audio pieces as the GPT produces states, sentence by sentence."""
+               max_chars: int = 120, control_tokens: bool = False, refine: bool = False, refine_prompt: str = "",
+               refine_params: SamplingParams | None = None) -> Iterator[np.ndarray]:
+        """Yields float32 audio pieces as the GPT produces states, sentence by sentence (each refined first with
+        refine)."""
         params = params or SamplingParams()
         spk, sample, sample_text = self.voice(speaker)
         spk_id = self.tokenizer.token_id("[spk_emb]") if spk is not None else None
         spk = np.zeros(self.cfg["gpt"]["hidden"], np.float32) if spk is None else spk
         for i, (_, sentence) in enumerate(sentence_pieces([text], max_chars, control_tokens)):
+            if refine:
+                sentence = self.refine_sentences([sentence], refine_prompt, refine_params, seed + i)[0]
             ids, valid = self.encode([sentence], sample_text, spk_id is not None)
             yield from render_stream(self.engine.stream(ids, valid, spk[None], spk_id, params, seed=seed + i,
                                                         sample=sample), self.renderer())

@@ -103,6 +103,11 @@ class WordPiece:
                                        "vocabulary; the file is damaged, export the model again")
         self.prefix = model.get("continuing_subword_prefix", "##")
         self.max_chars = model.get("max_input_chars_per_word", 100)
+        decoder = spec.get("decoder") or {}
+        if decoder and decoder.get("type") != "WordPiece":
+            raise unsupported("decoder", decoder.get("type"))
+        self.decode_prefix = decoder.get("prefix", "##")
+        self.cleanup = decoder.get("cleanup", True) if decoder else None  # None: no decoder, tokens joined by spaces
 
         self.added: dict[str, int] = {}
         raw, normed = [], []  # added tokens matched in the raw text, and in the normalised text
@@ -115,6 +120,7 @@ class WordPiece:
         self._raw = self._matcher(t["content"] for t in raw)
         self._normed = self._matcher(self.normalize(t["content"]) for t in normed)
         self._normed_ids = {self.normalize(t["content"]): t["id"] for t in normed}
+        self._tokens = {i: t for t, i in self.vocab.items()} | {i: t for t, i in self.added.items()}
 
     @classmethod
     def from_file(cls, path) -> "WordPiece":
@@ -148,6 +154,23 @@ class WordPiece:
                         ids.extend(self._word(word))
         return ids
 
+    def decode(self, ids: list[int]) -> str:
+        """ids -> text as `tokenizers`' decode(ids, skip_special_tokens=False) with its WordPiece decoder: a
+        continuation drops its prefix, any other token after the first gets a space, and with cleanup each token
+        loses the space before punctuation and English contractions. Unknown ids are skipped."""
+        tokens = [self._tokens[i] for i in ids if i in self._tokens]
+        if self.cleanup is None:
+            return " ".join(tokens)
+        out = []
+        for i, t in enumerate(tokens):
+            if i:
+                t = t[len(self.decode_prefix):] if t.startswith(self.decode_prefix) else " " + t
+            if self.cleanup:
+                for a, b in CLEANUP:
+                    t = t.replace(a, b)
+            out.append(t)
+        return "".join(out)
+
     def _word(self, word: str) -> list[int]:
         """Greedy longest-match-first over the vocabulary; one [UNK] if any part has no match."""
         if len(word) > self.max_chars:
@@ -163,6 +186,11 @@ class WordPiece:
             else:
                 return [self.vocab[self.unk]]
         return out
+
+
+# what the WordPiece decoder's cleanup replaces, in its order (tokenizers' decoders::wordpiece::cleanup)
+CLEANUP = ((" .", "."), (" ?", "?"), (" !", "!"), (" ,", ","), (" ' ", "'"), (" n't", "n't"), (" 'm", "'m"),
+           (" do not", " don't"), (" 's", "'s"), (" 've", "'ve"), (" 're", "'re"))
 
 
 def _split(text: str, matcher, ids: dict[str, int]):

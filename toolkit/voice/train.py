@@ -758,7 +758,7 @@ def export(args) -> Path:
     model.voices = default_voice_first({name: table[i].clone() for i, name in enumerate(info["speakers"])},
                                        args.default_voice, "--default-voice")
     model.spk_stat.copy_(torch.stack([table.std(0), table.mean(0)]))
-    extra = {"frontend": "espeak",
+    extra = {"frontend": "espeak", "text_head": False,  # trained on codes only: its text head cannot refine
              "voice": {"speakers": info["speakers"], "languages": ["en", "zh"],
                        "trained_steps": {"gpt": g[1]["step"], "dvae": d[1]["step"], "vocos": v[1]["step"]},
                        "corpus": {k: info[k] for k in ("utterances", "train_seconds", "seed") if k in info}}}
