@@ -33,15 +33,16 @@ VOICES = {"en": "en-us", "zh": "cmn-latn-pinyin"}
 CONDITIONS = ("clean", "noise", "lowpass", "shuffled", "reversed")
 
 
-def espeak(text: str) -> np.ndarray:
-    """espeak-ng's audio of `text` at 24 kHz, each Latin or Han run in its own voice (as ttsq's front end splits)."""
+def espeak(text: str, variant: str = "") -> np.ndarray:
+    """espeak-ng's audio of `text` at 24 kHz, each Latin or Han run in its own voice (as ttsq's front end splits);
+    variant: an espeak voice variant suffix such as "+f4" (the shipped voice's speakers are such variants)."""
     from scipy.signal import resample_poly
 
     from evaluation.textnorm import CONTROL_RE
     from toolkit.frontend import split_runs
     parts = []
     for lang, run in split_runs(CONTROL_RE.sub(" ", text)):
-        res = subprocess.run(["espeak-ng", "-v", VOICES[lang], "--stdout", run], capture_output=True, check=True)
+        res = subprocess.run(["espeak-ng", "-v", VOICES[lang] + variant, "--stdout", run], capture_output=True, check=True)
         with wave.open(io.BytesIO(res.stdout)) as w:
             sr = w.getframerate()
             pcm = np.frombuffer(w.readframes(w.getnframes()), dtype=np.int16).astype(np.float32) / 32768.0

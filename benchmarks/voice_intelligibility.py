@@ -1,6 +1,8 @@
 """Does a voice say the words of text it never trained on? Each sentence of a text set is synthesized as
 `ttsq synth TEXT -o ID.wav` does with its defaults (one text per call, seed 0, the model's default voice unless
---speaker), then scored by `ttsq score`'s metrics; espeak-ng's own audio of the same sentences is scored beside it.
+--speaker), then scored by `ttsq score`'s metrics; espeak-ng's own audio of the same sentences is scored beside it,
+in its default voice and, when --speaker names one of the shipped voice's speakers, in that speaker's espeak-ng
+variant too (the audio that speaker learned from).
 
     python benchmarks/voice_intelligibility.py --set calibration_sets/heldout_natural_en.jsonl --limit 40 \
         --out benchmarks/results/voice_intelligibility_en [--model DIR] [--speaker NAME]
@@ -61,11 +63,17 @@ def main(argv=None) -> int:
     rows = {"voice": voice}
     if not a.no_espeak:
         from asr_validation import SR, espeak
-        ref = subset / "espeak"
-        ref.mkdir()
-        for r in records:
-            sf.write(ref / f"{r.id}.wav", espeak(r.text), SR)
-        rows["espeak-ng"] = score_folder(ref, set_file, dnsmos=False)
+
+        from toolkit.voice.corpus import SPEAKERS
+        variants = {"espeak-ng": ""}
+        if SPEAKERS.get(a.speaker):
+            variants[f"espeak-ng {SPEAKERS[a.speaker]}"] = SPEAKERS[a.speaker]
+        for name, variant in variants.items():
+            ref = subset / f"espeak{variant}"
+            ref.mkdir()
+            for r in records:
+                sf.write(ref / f"{r.id}.wav", espeak(r.text, variant), SR)
+            rows[name] = score_folder(ref, set_file, dnsmos=False)
     commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True,
                             text=True).stdout.strip()
     res = {"command": " ".join(["python", "benchmarks/voice_intelligibility.py", *(argv or sys.argv[1:])]),
