@@ -96,7 +96,7 @@ def main(argv=None) -> int:
                             lambda i: h + L[i].feed_forward.w2(u)),
     }
     rows, chosen = [], {}
-    sweep_pdl = kernels._pdl(dev)["PDL"]  # the sweep runs with the shipped launch option
+    sweep_pdl = kernels.uses_pdl(dev)  # the sweep runs with the shipped launch option
     default = copy.deepcopy(kernels.CONFIGS)
     swept = {} if a.no_sweep else {n: c for n, c in cases.items() if a.sweep is None or c[0] in a.sweep.split(",")}
     for name, (kind, triton_call, torch_call) in swept.items():
@@ -136,7 +136,7 @@ def main(argv=None) -> int:
     if a.configs:
         chosen = json.loads(a.configs.read_text())["chosen"]
     kernels.CONFIGS.update(chosen)
-    applied = copy.deepcopy(kernels.CONFIGS)  # what --apply times; each variant sets its own launch and sampling warps
+    applied = copy.deepcopy(kernels.CONFIGS)  # what --apply times; each variant sets its own PDL and sampling warps
     save()
     if a.apply:
         del gpt, model
@@ -150,10 +150,9 @@ def main(argv=None) -> int:
                                                 for w in filter(None, a.sample_warps.split(",")))):
                 if a.kernels_only and (not opts.get("kernels") or not pdl):
                     continue
-                kernels.CONFIGS["launch"] = dict(pdl=pdl)
                 kernels.CONFIGS["sample"] = dict(warps=warps)
                 torch._dynamo.reset()
-                sps = decode_rate(quantized_copy(base, dev, a.precision), B, 470, dev, **opts)
+                sps = decode_rate(quantized_copy(base, dev, a.precision), B, 470, dev, kernel_pdl=pdl, **opts)
                 steps.append(dict(variant=variant, batch=B, steps_per_s=round(sps, 1),
                                   audio_s_per_s=round(sps * B / STEPS_PER_S, 1)))
                 print(json.dumps(steps[-1]), flush=True)

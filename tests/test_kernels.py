@@ -11,6 +11,7 @@ pytest.importorskip("triton")
 
 from toolkit import kernels  # noqa: E402
 from toolkit.bench import _prompt, random_model  # noqa: E402
+from toolkit import decode  # noqa: E402
 from toolkit import engine as engine_module  # noqa: E402
 from toolkit.engine import Engine  # noqa: E402
 from toolkit.models.config import GPTConfig  # noqa: E402
@@ -113,7 +114,7 @@ def test_fused_sampling_step_does_what_the_pytorch_step_does(params, dtype):
     gpt.key_valid.fill_(True)
     states = []
     for _ in range(2):
-        s = engine_module.DecodeState(B, gpt.cfg.hidden, Q, V, params.penalty_window, chunk, dtype, DEVICE)
+        s = decode.DecodeState(B, gpt.cfg.hidden, Q, V, params.penalty_window, chunk, dtype, DEVICE)
         g = torch.Generator().manual_seed(5)
         s.h.copy_(torch.randn(B, gpt.cfg.hidden, generator=g))
         s.noise.copy_(torch.empty(s.noise.shape).exponential_(generator=g))
@@ -129,7 +130,7 @@ def test_fused_sampling_step_does_what_the_pytorch_step_does(params, dtype):
             s.h[:, 0] = torch.tensor([-3.0, 3.0])
         got.h.copy_(want.h)  # the same state to sample from: the forwards round differently (1e-5 in fp32)
         cache = [(l.attention.kv_cache.k.clone(), l.attention.kv_cache.v.clone()) for l in gpt.layers]
-        engine_module.decode_step(gpt, want, params, chunk)
+        decode.decode_step(gpt, want, params, chunk)
         for layer, (k, v) in zip(gpt.layers, cache):  # the same cache for both
             layer.attention.kv_cache.k.copy_(k)
             layer.attention.kv_cache.v.copy_(v)
@@ -207,5 +208,6 @@ def test_kernels_that_fail_only_as_dependent_launches_run_without_them(monkeypat
     engine = Engine(small_vocab_gpt())
     with pytest.warns(RuntimeWarning, match="fail as programmatic dependent launches"):
         assert engine._kernels_launch(kernels, DEVICE)
-    assert not kernels.uses_pdl(DEVICE) and kernels.CONFIGS["launch"]["pdl"] is False
-    kernels.self_check(DEVICE)  # without PDL it runs
+    assert engine.kernel_pdl is False and not kernels.uses_pdl(DEVICE, engine.kernel_pdl)
+    assert kernels.uses_pdl(DEVICE)  # the engine chose; the module's settings are as they were
+    kernels.self_check(DEVICE, pdl=False)  # without PDL it runs

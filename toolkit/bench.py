@@ -140,7 +140,7 @@ def bench_precision(base: TTSModel, name: str, cfg: BenchConfig, dev: torch.devi
                  "triton_kernel_batches": [B for B in cfg.batches if probe.uses_kernels(B, dev)]}
     if row["triton_kernel_batches"]:  # the launch settings they ran with, for the record
         from . import kernels  # imported by uses_kernels already (Triton is there)
-        row["triton_kernel_configs"] = copy.deepcopy(kernels.CONFIGS)
+        row["triton_kernel_configs"] = dict(copy.deepcopy(kernels.CONFIGS), launch=dict(pdl=probe.kernel_pdl))
     for B in cfg.batches:
         if dev.type == "cuda":
             torch.cuda.reset_peak_memory_stats(dev)

@@ -38,8 +38,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from .decode import DecodeState, decode_step, vocabulary
 from .models.gpt import GPT, BlockRunner, call_block
 from .sampling import SamplingParams, sample_codes
+from .weights import is_int8_weight_only
 
 CACHE_BUCKET = 256  # cache lengths are rounded up to this, so new lengths rarely reallocate or recapture
 # captured graphs (or CPU step buffers) kept, least recently used dropped: a server that varies sampling settings
@@ -93,62 +95,10 @@ class Generation:
     finished: Tensor  # (B,) False where max_new_tokens was hit first
 
 
-def vocabulary(cfg, text_eos: int | None) -> tuple[int, int]:
-    """(ids per step, vocabulary size) of a generation: Q codebooks of audio codes, or one text token."""
-    return (cfg.num_vq, cfg.num_audio_tokens) if text_eos is None else (1, cfg.num_text_tokens)
-
-
-class DecodeState:
-    """Static device buffers for one batch size and chunk length."""
-
-    def __init__(self, B: int, D: int, Q: int, V: int, window: int, chunk: int, dtype, device):
-        z = dict(device=device)
-        self.h = torch.zeros(B, D, dtype=dtype, **z)
-        self.step = torch.zeros((), dtype=torch.long, **z)
-        self.prompt_len = torch.zeros((), dtype=torch.long, **z)
-        self.min_new = torch.zeros((), dtype=torch.long, **z)
-        self.rope_base = torch.zeros(B, 1, dtype=torch.long, **z)
-        self.temperature = torch.ones(B * Q, **z)
-        self.history = torch.full((B * Q, window), V, dtype=torch.long, **z)
-        self.finished = torch.zeros(B, dtype=torch.bool, **z)
-        self.lengths = torch.zeros(B, dtype=torch.long, **z)
-        self.noise = torch.ones(chunk, B * Q, V, **z)
-        self.hidden = torch.zeros(B, chunk, D, dtype=dtype, **z)
-        self.codes = torch.zeros(B, chunk, Q, dtype=torch.long, **z)
-        self.arrived = torch.zeros(B, dtype=torch.int32, **z)  # kernels.py's sampling launch counts here, back to 0
-
-
-def decode_step(gpt: GPT, s: DecodeState, p: SamplingParams, chunk: int,
-                run_block: BlockRunner = call_block, sample: Callable = sample_codes,
-                forward: Callable[[GPT, Tensor, Tensor, Tensor], Tensor] | None = None,
-                text_eos: int | None = None) -> None:
-    """One decode step on static buffers: sample from s.h, record, feed the ids back.
-    forward(gpt, x, cache slot, rope positions) replaces gpt's own forward (kernels.decode_forward).
-    text_eos: sample one text token through the text head (refine) and stop at this id; None: Q audio codes."""
-    B, Q = s.codes.shape[0], s.codes.shape[2]  # Q ids per step: the codebooks, or 1 text token
-    logits = gpt.code_logits(s.h) if text_eos is None else gpt.text_logits(s.h)
-    V = logits.shape[-1]
-    eos = gpt.cfg.eos_code if text_eos is None else text_eos
-    i = s.step
-    j = (i % chunk).view(1)
-    ids = sample(logits.view(B * Q, V), s.history, s.temperature,
-                 s.noise.index_select(0, j)[0], i, s.min_new, p, eos)  # (B * Q,)
-    s.history.index_copy_(1, (i % p.penalty_window).view(1), ids[:, None])
-    ids = ids.view(B, Q)
-    s.hidden.index_copy_(1, j, s.h[:, None])
-    s.codes.index_copy_(1, j, ids[:, None])
-    s.finished |= (ids == eos).any(-1)
-    s.lengths += ~s.finished
-    x = (gpt.embed_codes(ids) if text_eos is None else gpt.emb_text(ids[:, 0]))[:, None].to(s.h.dtype)
-    slot, rope = (s.prompt_len + i).view(1), s.rope_base + i
-    s.h.copy_((forward(gpt, x, slot, rope) if forward else gpt(x, slot, rope, run_block))[:, 0])
-    s.step += 1
-
-
 class Engine:
     def __init__(self, gpt: GPT, chunk: int = 16, cuda_graphs: bool = True, compile: bool | str = False,
                  compile_options: dict | None = None, prefill_graphs: bool | None = None,
-                 kernels: bool | None = None, lead_steps: int | None = None):
+                 kernels: bool | None = None, lead_steps: int | None = None, kernel_pdl: bool = True):
         """compile: False (eager), True or "step" (the whole decode step, fused across layers and with the sampler,
         static shapes: one compile per batch size and cache bucket), "block" (regional: one compiled block with
         dynamic shapes serves every layer, batch and bucket; compiles once, fuses less). Prefill runs through the
@@ -161,11 +111,14 @@ class Engine:
         launches per layer and one for sampling, not compiled). None: on CUDA where Triton is installed, the weights
         are floats, int8 or int4 weight-only and kernels.self_check passes; True: also on CPU (under TRITON_INTERPRET=1);
         False: never.
+        kernel_pdl: launch the kernels as programmatic dependent launches where the GPU has them (Hopper on);
+        chosen automatically (kernels=None), a GPU or toolchain that fails only with them turns this off.
         lead_steps: a chunk is handed over (and the host waits for its EOS flags) only once this many steps of the
         next are queued, so that the GPU does not idle while the host checks; up to that many steps are discarded
         after EOS. None: LEAD_STEPS on CUDA, 0 elsewhere (on the CPU a step runs when called: nothing to hide)."""
         self.gpt = gpt
         self.kernels = kernels
+        self.kernel_pdl = kernel_pdl
         self._sample: Callable = sample_codes
         self._kernel_step: Callable | None = None  # made on first use (it imports Triton)
         self.prefill_graphs = prefill_graphs
@@ -184,8 +137,6 @@ class Engine:
             # dynamic: batch and cache length change without a recompile (only batch 1 is specialised)
             self._run_block = torch.compile(call_block, fullgraph=True, dynamic=True)
             self._sample = torch.compile(sample_codes, fullgraph=True)
-            from .precision.recipes import is_int8_weight_only  # here: toolkit.precision imports this module
-
             # the prefill compiled too, but not for int8 weight-only models: inductor's code for torchao's int8 matmul
             # makes a 32-token prefill 3.6x slower than eager ops in one CUDA graph (20.3 against 5.7 ms on the H200)
             if not is_int8_weight_only(gpt.layers[0].attention.wqkv.weight):
@@ -278,33 +229,33 @@ class Engine:
         # not compiled: the kernels fuse more than the compiler did around them (on the H200 a whole-step compile
         # around the first kernels was no faster, results/engine_variants_kernels_h200.json). self._sample (compiled
         # where asked) serves the sampling settings the fused sampling launch does not cover
-        self._kernel_step = functools.partial(kernels.decode_step, sample=self._sample)
+        self._kernel_step = functools.partial(kernels.decode_step, sample=self._sample, pdl=self.kernel_pdl)
         return True
 
     def _kernels_launch(self, kernels, device: torch.device) -> bool:
         """Chosen automatically, the kernels first run two steps of a tiny model against PyTorch (kernels.self_check):
         on a GPU or toolchain that Triton cannot serve, decoding goes on without them (with a warning) instead of
-        failing mid-generation. Where they fail only as programmatic dependent launches, they run without PDL."""
+        failing mid-generation. Where they fail only as programmatic dependent launches, they run without PDL
+        (self.kernel_pdl turns False)."""
         try:
-            kernels.self_check(device)
+            kernels.self_check(device, pdl=self.kernel_pdl)
             return True
         except Exception as e:  # noqa: BLE001 - any failure means the same thing here
             failure = e
         try:
-            retry = kernels.uses_pdl(device)
+            retry = kernels.uses_pdl(device, self.kernel_pdl)
         except Exception:  # noqa: BLE001 - no such device: nothing to retry
             retry = False
         if retry:
-            launch = kernels.CONFIGS["launch"]
-            kernels.CONFIGS["launch"] = dict(launch, pdl=False)
             try:
-                kernels.self_check(device)
+                kernels.self_check(device, pdl=False)
                 warnings.warn(f"the Triton decode kernels fail as programmatic dependent launches on {device} "
                               f"({type(failure).__name__}: {str(failure).strip()[:160]}); running them without",
                               RuntimeWarning, stacklevel=4)
+                self.kernel_pdl = False
                 return True
             except Exception:  # noqa: BLE001 - the first failure is the one to report
-                kernels.CONFIGS["launch"] = launch
+                pass
         warnings.warn(f"the Triton decode kernels do not run on {device} ({type(failure).__name__}: "
                       f"{str(failure).strip()[:160]}); decoding without them, more slowly at batch 1",
                       RuntimeWarning, stacklevel=4)

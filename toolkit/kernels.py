@@ -34,11 +34,11 @@ try:  # programmatic dependent launch: Triton 3.3 on
 except ImportError:
     gdc_launch_dependents = gdc_wait = None
 
-from .engine import DecodeState, decode_step as pytorch_decode_step
+from .decode import DecodeState, decode_step as pytorch_decode_step
 from .models.config import GPTConfig
 from .models.gpt import GPT, Block, RMSNorm
-from .precision.recipes import is_int8_weight_only
 from .sampling import SamplingParams, sample_codes
+from .weights import is_int4_weight_only, is_int8_weight_only
 
 
 class Weight(NamedTuple):
@@ -77,7 +77,7 @@ def _weight(w: Tensor) -> Weight:
     block = getattr(w, "block_size", None)
     if is_int8_weight_only(w) and block is not None and list(block) == [1, w.shape[1]]:
         return Weight(w.qdata, w.scale.reshape(-1), w.zero_point.reshape(-1), 8, 1)
-    if type(w).__name__ in ("Int4TilePackedTo4dTensor", "Int4OpaqueTensor"):
+    if is_int4_weight_only(w):
         if getattr(w, "_plain_int4", None) is None:
             w._plain_int4 = _int4_plain(w)
         return w._plain_int4
@@ -383,7 +383,7 @@ def _sample_feed_kernel(logits_ptr, hist_ptr, temp_ptr, noise_ptr, step_ptr, min
                         slot_ptr, rope_ptr, arrived_ptr, V, W, D, CHUNK, EOS, top_k, top_p, min_keep, log2_penalty,
                         Q: tl.constexpr, PENALTY: tl.constexpr, TOP_P: tl.constexpr, PDL: tl.constexpr,
                         BLOCK_Q: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_W: tl.constexpr):
-    """Everything of a decode step between the code heads and the first layer, as engine.decode_step and
+    """Everything of a decode step between the code heads and the first layer, as toolkit.decode.decode_step and
     sampling.sample_codes do it, one program per batch row b and codebook q: temperature, repetition penalty over
     the history window, top-p inside top-k, EOS barred before min_new, the draw argmax(p / noise), the history and
     codes. The last of row b's Q programs to finish (an arrival count, which it resets) then does the row's
@@ -457,7 +457,7 @@ def _block_k(K: int, block_k: int) -> int:
     return min(triton.next_power_of_2(K), block_k)
 
 
-# launch settings per kernel, chosen on the H200 with PDL at bf16 (benchmarks/kernel_configs.py,
+# tile settings per kernel, chosen on the H200 with PDL at bf16 (benchmarks/kernel_configs.py,
 # results/kernel_configs_runs_h200.json), and from whole steps for attention's runs and the down-proj's tile
 # (results/attention_splits_ab_h200.txt, whole_rows_before_wait_ab_h200.txt): whole rows in one tile where it pays,
 # so with PDL a program has loaded all its weights by the time the previous kernel ends
@@ -468,7 +468,6 @@ CONFIGS = {
     "qkv": dict(pairs=2, block_k=1024, warps=2),
     "attention": dict(splits=16, block_s=32, warps=1),
     "sample": dict(warps=4),
-    "launch": dict(pdl=True),  # programmatic dependent launch, where the GPU has it (Hopper on)
 }
 
 
@@ -477,15 +476,16 @@ def _has_pdl(device: torch.device) -> bool:
     return gdc_wait is not None and device.type == "cuda" and torch.cuda.get_device_capability(device) >= (9, 0)
 
 
-def uses_pdl(device: torch.device) -> bool:
-    """Whether launches on `device` are programmatic dependent ones (CONFIGS["launch"], and a GPU that has them)."""
-    return CONFIGS["launch"]["pdl"] and _has_pdl(device)
+def uses_pdl(device: torch.device, pdl: bool = True) -> bool:
+    """Whether launches on `device` asked as programmatic dependent ones (pdl) are (the GPU has them)."""
+    return pdl and _has_pdl(device)
 
 
-def _pdl(device: torch.device) -> dict:
-    """Launch options: each kernel launched as a programmatic dependent of the one before, so it starts (and loads
-    its weights) while that one finishes, and waits for it (gdc_wait) only before reading what it wrote."""
-    return dict(PDL=True, launch_pdl=True) if uses_pdl(device) else dict(PDL=False)
+def _pdl(device: torch.device, pdl: bool) -> dict:
+    """Launch options: each kernel launched as a programmatic dependent of the one before (programmatic dependent
+    launch, PDL), so it starts (and loads its weights) while that one finishes, and waits for it (gdc_wait) only
+    before reading what it wrote."""
+    return dict(PDL=True, launch_pdl=True) if uses_pdl(device, pdl) else dict(PDL=False)
 
 
 class Partials(NamedTuple):
@@ -504,7 +504,7 @@ def _launch_weight(weight: Tensor) -> tuple[list, dict]:
 
 
 def linear(x: Tensor | Partials, weight: Tensor, norm: RMSNorm | None = None, residual: Tensor | None = None,
-           gate: bool = False) -> Tensor:
+           gate: bool = False, pdl: bool = True) -> Tensor:
     """x (M, K), weight (N, K) or, with gate, (2N, K) -> (M, N): (residual +) norm(x) @ weight.T, or
     silu(norm(x) @ W_gate.T) * (norm(x) @ W_up.T). x may be attention's Partials (the o-proj): combined here.
     With PDL the residual is read before waiting for the launch just before, so that launch must not write it (in
@@ -525,11 +525,12 @@ def linear(x: Tensor | Partials, weight: Tensor, norm: RMSNorm | None = None, re
         x_data, norm.weight if norm is not None else x_data, stat, *w_args,
         residual if residual is not None else x_data, out, N, K, norm.eps if norm is not None else 0.0,
         NORM=norm is not None, COMBINE=combine, SPLITS=splits, HEAD_DIM=hd, GATE=gate, RES=residual is not None,
-        BLOCK_N=c["block_n"], BLOCK_K=block_k, num_warps=c["warps"], **w_opts, **_pdl(x_data.device))
+        BLOCK_N=c["block_n"], BLOCK_K=block_k, num_warps=c["warps"], **w_opts, **_pdl(x_data.device, pdl))
     return out
 
 
-def attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, key_valid: Tensor, slot: Tensor) -> Partials:
+def attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, key_valid: Tensor, slot: Tensor,
+              pdl: bool = True) -> Partials:
     """q (M, H, hd) for cache slot `slot` (1,), caches (B >= M, H, S, hd), key_valid (B, S) -> the Partials of
     CONFIGS["attention"]["splits"] runs of slots, which linear() combines (the o-proj)."""
     M, H, hd = q.shape
@@ -538,11 +539,11 @@ def attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, key_valid: Tensor, sl
     stat = torch.empty(M, H, c["splits"], 2, dtype=torch.float32, device=q.device)
     _attention_kernel[(H, c["splits"], M)](q, k_cache, v_cache, key_valid, slot, part, stat, H, k_cache.shape[2],
                                            key_valid.stride(0), hd ** -0.5, HEAD_DIM=hd, BLOCK_S=c["block_s"],
-                                           num_warps=c["warps"], **_pdl(q.device))
+                                           num_warps=c["warps"], **_pdl(q.device, pdl))
     return Partials(part, stat, q.dtype)
 
 
-def qkv_rope(h: Tensor, layer: Block, inv_freq: Tensor, rope_pos: Tensor, slot: Tensor) -> Tensor:
+def qkv_rope(h: Tensor, layer: Block, inv_freq: Tensor, rope_pos: Tensor, slot: Tensor, pdl: bool = True) -> Tensor:
     """h (M, D) -> q (M, H, hd) after RMSNorm, W_qkv and RoPE; k and v go into the layer's cache at `slot` (1,)."""
     M, D = h.shape
     att, cache = layer.attention, layer.attention.kv_cache
@@ -554,33 +555,36 @@ def qkv_rope(h: Tensor, layer: Block, inv_freq: Tensor, rope_pos: Tensor, slot: 
     _qkv_rope_kernel[(3 * H * hd // 2 // pairs, M)](
         h, layer.attention_norm.weight, *w_args, inv_freq, rope_pos, slot, q, cache.k, cache.v, D, H,
         cache.k.shape[2], layer.attention_norm.eps, HEAD_DIM=hd, PAIRS=pairs,
-        BLOCK_K=_block_k(D, max(c["block_k"], w_opts["GROUP"])), num_warps=c["warps"], **w_opts, **_pdl(h.device))
+        BLOCK_K=_block_k(D, max(c["block_k"], w_opts["GROUP"])), num_warps=c["warps"], **w_opts, **_pdl(h.device, pdl))
     return q
 
 
-def rmsnorm(x: Tensor, norm: RMSNorm, out: Tensor | None = None, step: Tensor | None = None) -> Tensor:
+def rmsnorm(x: Tensor, norm: RMSNorm, out: Tensor | None = None, step: Tensor | None = None,
+            pdl: bool = True) -> Tensor:
     """norm(x) for x (M, K), into out if given (contiguous, x's shape and dtype); step (a 0-d counter), if given,
     goes up by one in the same launch."""
     M, K = x.shape
     out = torch.empty_like(x) if out is None else out
     _rmsnorm_kernel[(M,)](x, norm.weight, out, step if step is not None else x, K, norm.eps, STEP=step is not None,
-                          BLOCK_K=_block_k(K, 1024), **_pdl(x.device))
+                          BLOCK_K=_block_k(K, 1024), **_pdl(x.device, pdl))
     return out
 
 
 def decode_forward(gpt: GPT, x: Tensor, input_pos: Tensor, rope_pos: Tensor, out: Tensor | None = None,
-                   step: Tensor | None = None) -> Tensor:
+                   step: Tensor | None = None, pdl: bool = True) -> Tensor:
     """GPT.forward for one new position per row through these kernels: x (B, 1, D), input_pos (1,) cache slot,
     rope_pos (B, 1) -> final-norm hidden (B, 1, D), written into out (B, D) if given; writes the cache slot like the
-    PyTorch path. step, if given, goes up by one in the last launch (one launch fewer than a separate add)."""
+    PyTorch path. step, if given, goes up by one in the last launch (one launch fewer than a separate add).
+    pdl: programmatic dependent launches where the GPU has them."""
     h = x[:, 0].contiguous()
     for layer in gpt.layers:
         att, ffn, cache = layer.attention, layer.feed_forward, layer.attention.kv_cache
-        y = attention(qkv_rope(h, layer, gpt.inv_freq, rope_pos, input_pos), cache.k, cache.v, gpt.key_valid,
-                      input_pos)
-        h = linear(y, att.wo.weight, residual=h)
-        h = linear(linear(h, ffn.w13.weight, norm=layer.ffn_norm, gate=True), ffn.w2.weight, residual=h)
-    return rmsnorm(h, gpt.norm, out, step)[:, None]
+        y = attention(qkv_rope(h, layer, gpt.inv_freq, rope_pos, input_pos, pdl), cache.k, cache.v, gpt.key_valid,
+                      input_pos, pdl)
+        h = linear(y, att.wo.weight, residual=h, pdl=pdl)
+        h = linear(linear(h, ffn.w13.weight, norm=layer.ffn_norm, gate=True, pdl=pdl), ffn.w2.weight, residual=h,
+                   pdl=pdl)
+    return rmsnorm(h, gpt.norm, out, step, pdl)[:, None]
 
 
 def fused_sampling(gpt: GPT, p: SamplingParams) -> bool:
@@ -590,18 +594,20 @@ def fused_sampling(gpt: GPT, p: SamplingParams) -> bool:
     return p.top_k_for(V) < V and type(gpt.emb_code.weight) in (torch.Tensor, torch.nn.Parameter)
 
 
-def decode_step(gpt: GPT, s: DecodeState, p: SamplingParams, chunk: int, sample=sample_codes) -> None:
-    """engine.decode_step through these kernels: the code heads, one launch that samples and does the step's
+def decode_step(gpt: GPT, s: DecodeState, p: SamplingParams, chunk: int, sample=sample_codes,
+                pdl: bool = True) -> None:
+    """toolkit.decode.decode_step through these kernels: the code heads, one launch that samples and does the step's
     bookkeeping, the layers, the final norm into s.h (which also counts the step). Settings fused_sampling() does
     not cover sample with `sample` (PyTorch) instead."""
     if not fused_sampling(gpt, p):
-        return pytorch_decode_step(gpt, s, p, chunk, sample=sample, forward=decode_forward)
+        return pytorch_decode_step(gpt, s, p, chunk, sample=sample,
+                                   forward=functools.partial(decode_forward, pdl=pdl))
     cfg = gpt.cfg
     (B, D), Q, V, W = s.h.shape, cfg.num_vq, cfg.num_audio_tokens, s.history.shape[1]
     z = dict(device=s.h.device)
     x = torch.empty(B, D, dtype=s.h.dtype, **z)
     slot, rope = torch.empty(1, dtype=torch.long, **z), torch.empty(B, 1, dtype=torch.long, **z)
-    logits = linear(s.h, gpt.head_code.weight)  # (B, Q * V) in the model's dtype, read as float32 like code_logits
+    logits = linear(s.h, gpt.head_code.weight, pdl=pdl)  # (B, Q * V) in the model's dtype, read as float32 like code_logits
     penalty, k = p.repetition_penalty, p.top_k_for(V)
     _sample_feed_kernel[(B, Q)](
         logits, s.history, s.temperature, s.noise, s.step, s.min_new, gpt.emb_code.weight, s.h, s.hidden, s.codes,
@@ -609,13 +615,14 @@ def decode_step(gpt: GPT, s: DecodeState, p: SamplingParams, chunk: int, sample=
         cfg.eos_code, k, p.top_p, min(p.min_keep, k), math.log2(penalty), Q=Q, PENALTY=penalty != 1.0,
         TOP_P=p.top_p < 1.0, BLOCK_Q=triton.next_power_of_2(Q), BLOCK_V=triton.next_power_of_2(V),
         BLOCK_D=triton.next_power_of_2(D), BLOCK_W=W,
-        num_warps=CONFIGS["sample"]["warps"], **_pdl(s.h.device))
-    decode_forward(gpt, x[:, None], slot, rope, out=s.h, step=s.step)
+        num_warps=CONFIGS["sample"]["warps"], **_pdl(s.h.device, pdl))
+    decode_forward(gpt, x[:, None], slot, rope, out=s.h, step=s.step, pdl=pdl)
 
 
-def self_check(device: torch.device) -> None:
-    """Two decode steps of a tiny random GPT through these kernels against the PyTorch step, on `device`: raises
-    where Triton, the GPU or its driver cannot run them (a launch option, an instruction, a compiler it lacks).
+def self_check(device: torch.device, pdl: bool = True) -> None:
+    """Two decode steps of a tiny random GPT through these kernels (launched with or without PDL) against the
+    PyTorch step, on `device`: raises where Triton, the GPU or its driver cannot run them (a launch option, an
+    instruction, a compiler it lacks).
     The global random state is left as it was."""
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(0)
@@ -626,7 +633,8 @@ def self_check(device: torch.device) -> None:
     gpt.key_valid.fill_(True)
     p, (Q, V) = SamplingParams(), (gpt.cfg.num_vq, gpt.cfg.num_audio_tokens)
     want, got = (DecodeState(1, 64, Q, V, p.penalty_window, 4, torch.float32, device) for _ in range(2))
-    for step in (pytorch_decode_step, decode_step, pytorch_decode_step, decode_step):
+    kernel_step = functools.partial(decode_step, pdl=pdl)
+    for step in (pytorch_decode_step, kernel_step, pytorch_decode_step, kernel_step):
         state = want if step is pytorch_decode_step else got
         state.h.copy_(h)  # both start from the same state; they share the cache, writing near-equal values
         step(gpt, state, p, 4)

@@ -106,11 +106,6 @@ def tensor_classes(recipe: Recipe, device_type: str) -> list[type]:
     return []
 
 
-def is_int8_weight_only(w: torch.Tensor) -> bool:
-    """Whether w is torchao's int8 weight-only tensor (an Int8Tensor that does not quantize activations)."""
-    return type(w).__name__ == "Int8Tensor" and getattr(w, "act_quant_kwargs", 1) is None
-
-
 def quantizable_linears(model: nn.Module) -> list[str]:
     return [n for n, m in model.named_modules() if isinstance(m, nn.Linear) and n not in KEEP_FLOAT
             and not n.startswith("dvae.gfsq")]

@@ -40,21 +40,17 @@ The corpus is generated, never committed.
 from __future__ import annotations
 
 import argparse
-import io
 import json
 import random
-import subprocess
 import time
-import wave
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
 
+from .espeak import SPEAKERS, SR, espeak_wav, trim
+
 # speaker name -> espeak voice variant suffix (each speaks en-us and Mandarin)
-SPEAKERS = {"m1": "", "f2": "+f2", "m3": "+m3", "f4": "+f4", "m7": "+m7", "f5": "+f5"}
-VOICE = {"en": "en-us", "zh": "cmn-latn-pinyin"}
-SR = 24000
 MEL_LO, MEL_HI = -11.6, 4.4  # uint8 quantisation range of the log-mel (log clip 1e-5 = -11.51)
 MAX_SECONDS = 8.0
 
@@ -401,31 +397,6 @@ def make_texts(n_train: int, n_heldout: int, seed: int, unseen: frozenset[str] =
 
 
 # ----------------------------------------------------------------------------------------------
-def espeak_wav(text: str, lang: str, speaker: str) -> np.ndarray:
-    """-> float32 mono at 24 kHz."""
-    from scipy.signal import resample_poly
-
-    voice = VOICE[lang] + SPEAKERS[speaker]
-    res = subprocess.run(["espeak-ng", "-v", voice, "--stdout", text], capture_output=True, check=True)
-    with wave.open(io.BytesIO(res.stdout)) as w:
-        sr = w.getframerate()
-        pcm = np.frombuffer(w.readframes(w.getnframes()), dtype=np.int16)
-    x = pcm.astype(np.float32) / 32768.0
-    if sr != SR:
-        from math import gcd
-        g = gcd(SR, sr)
-        x = resample_poly(x, SR // g, sr // g).astype(np.float32)
-    return x
-
-
-def trim(x: np.ndarray, thresh: float = 1e-3, pad: int = 2400) -> np.ndarray:
-    """Trim leading/trailing silence to 0.1 s."""
-    idx = np.flatnonzero(np.abs(x) > thresh)
-    if len(idx) == 0:
-        return x
-    return x[max(0, idx[0] - pad): idx[-1] + pad]
-
-
 def quantise_mel(mel: np.ndarray) -> np.ndarray:
     q = np.round((mel - MEL_LO) / (MEL_HI - MEL_LO) * 255.0)
     return np.clip(q, 0, 255).astype(np.uint8)
@@ -468,7 +439,8 @@ def code_encoder(encoder: Path, vocab: int):
     import torch
     from safetensors.torch import load_file
 
-    from .train import DVAEEncoder, codes_from_digits, quantise, voice_config
+    from ..models.dvae_encoder import VoiceEncoder as DVAEEncoder, codes_from_digits, quantise
+    from .config import voice_config
     cfg = voice_config(vocab)
     enc = DVAEEncoder(cfg)
     enc.load_state_dict({k: v.float() for k, v in load_file(str(encoder)).items()})

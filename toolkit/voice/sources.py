@@ -388,7 +388,7 @@ def write_heldout(lang: str, out: Path, n: int, seed: int = 0, text_file: Path |
     whose espeak audio is under 7.5 s for the slowest corpus speaker; length `short` under 3 s, else `medium`;
     speakers in turn. The id names the source: heldout_natural_en-<fortunes file>-NNN,
     heldout_natural_zh-written-NNN."""
-    from .corpus import SPEAKERS, SR, espeak_wav, trim
+    from .espeak import SPEAKERS, SR, espeak_wav, trim
 
     if lang == "en":
         cands = _heldout_en_candidates(seed)

@@ -32,31 +32,18 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..checkpoint import VOICE_ENCODER, convstack_config
-from ..models.config import ConvStackConfig, GFSQConfig, GPTConfig, ModelConfig, VocosConfig
+from ..models.config import GPTConfig, ModelConfig, VocosConfig
 from ..models.convnext import ConvNeXtBlock
 from ..models.decoder import ConvStack, DVAEDecoder
 from ..models.dvae_encoder import VoiceEncoder as DVAEEncoder, codes_from_digits, quantise  # noqa: F401 (names kept)
 from ..models.gpt import GPT, Block
 from ..models.speaker import apply_speaker
 from ..models.vocos import LogMel, Vocos
+from .config import voice_config
 from .discriminators import MEL_WEIGHT, Discriminators, DiscriminatorSet, MelDiscriminators
 
 SHARD_BYTES = 15 * 2**20
 MEL_LO, MEL_HI = -11.6, 4.4
-
-
-def voice_config(vocab: int, smoke: bool = False) -> ModelConfig:
-    if smoke:
-        return ModelConfig(
-            gpt=GPTConfig(hidden=64, layers=2, heads=4, intermediate=128, max_positions=768, num_text_tokens=vocab),
-            decoder=ConvStackConfig(idim=32, odim=32, hidden=64, layers=2, bn_dim=16),
-            dvae=ConvStackConfig(idim=32, odim=32, hidden=64, layers=2, bn_dim=16),
-            gfsq=GFSQConfig(dim=64), vocos=VocosConfig(dim=64, intermediate=128, layers=2))
-    return ModelConfig(
-        gpt=GPTConfig(hidden=256, layers=6, heads=4, intermediate=640, max_positions=1536, num_text_tokens=vocab),
-        decoder=ConvStackConfig(idim=128, odim=128, hidden=192, layers=4, bn_dim=64),
-        dvae=ConvStackConfig(idim=128, odim=128, hidden=128, layers=3, bn_dim=64),
-        gfsq=GFSQConfig(dim=256), vocos=VocosConfig(dim=256, intermediate=768, layers=4))
 
 
 # --- checkpoints: sharded, any dtype -------------------------------------------------------------
