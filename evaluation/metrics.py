@@ -254,9 +254,8 @@ def _sptk_hamming(n: int) -> FloatArray:
 def mel_cepstrum(wav: ArrayLike, sr: int, settings: MCDSettings = MCDSettings()) -> FloatArray:
     """SPTK mel-cepstra, shape ``(frames, order + 1)`` with c0 in column 0.
 
-    Resamples to ``settings.sample_rate``. Costs about 2.5 ms per frame on a
-    laptop-class core (about 0.5 s per second of audio at a 5 ms hop), so cache
-    the reference's cepstra and use :func:`cepstral_distance` when one
+    Resamples to ``settings.sample_rate``. SPTK runs frame by frame in Python
+    (slow on long audio), so cache the reference's cepstra and use :func:`cepstral_distance` when one
     reference is compared with many test signals.
     """
     s = settings

@@ -7,9 +7,9 @@ The names below load lazily (PEP 562), so torch-free parts (toolkit.runtime, too
 """
 import os
 
-# cuDNN keeps a host-side plan for every conv input shape it meets, up to 10,000 (about 2 GiB) by default, and each
-# render length is a new shape: a serving process's RSS grew ~0.1 MiB per request on the H200 until capped
-# (benchmarks/results/reliability.md, run 7). Read at the first cuDNN conv; an explicit setting wins.
+# cuDNN keeps a host-side plan for every conv input shape it meets, up to 10,000 by default, and each render length
+# is a new shape: a serving process's memory grew with every request until capped (benchmarks/README.md, soak.py).
+# Read at the first cuDNN conv; an explicit setting wins.
 os.environ.setdefault("TORCH_CUDNN_V8_API_LRU_CACHE_LIMIT", "256")
 
 __all__ = ["DEFAULT_MODEL", "OutOfMemory", "SamplingParams", "Synthesizer", "Utterance", "load_model"]

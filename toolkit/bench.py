@@ -130,7 +130,7 @@ def quantized_copy(base: TTSModel, dev: torch.device, precision: str) -> TTSMode
 
 def bench_precision(base: TTSModel, name: str, cfg: BenchConfig, dev: torch.device, on_batch=None) -> dict:
     """One precision's row. on_batch(row, B) is called after each batch, so a run cut short keeps the batches that
-    finished (one compile per batch size can take minutes: int8@bf16 at batch 8 on the H200)."""
+    finished (one compile per batch size can take minutes)."""
     # peak memory counts what this precision allocates, not the fp32 base it is copied from or whatever earlier
     # precisions left allocated: later precisions of a run used to read higher (int4 2503 MiB third, 1525 first)
     held = torch.cuda.memory_allocated(dev) if dev.type == "cuda" else 0

@@ -7,22 +7,21 @@ pinned copy and an event, after queueing the next chunk's first LEAD_STEPS steps
 meanwhile); with `lookahead` the whole next chunk is already queued while a streaming renderer works on this one
 (on its own CUDA stream).
 
-With `compile=True` the whole step (sampler, 20 blocks, bookkeeping) is one torch.compile'd graph, specialised to
-each batch size and cache bucket, and captured as a CUDA graph. Compiling costs seconds per new (batch, bucket):
-warm up first. benchmarks/engine_variants.py measures it against the cheaper regional compile ("block") on the GPU:
-1.1x at batch 1 and 64; at batch 1 the step is bound by the latency of its ~227 small kernels (benchmarks/README.md).
+With `compile=True` the whole step (sampler, blocks, bookkeeping) is one torch.compile'd graph, specialised to
+each batch size and cache bucket, and captured as a CUDA graph; compiling costs seconds per new (batch, bucket), so
+warm up first. compile="block" compiles one block for every layer, batch and bucket: it compiles once and fuses less.
 At batch <= KERNELS_MAX_BATCH on CUDA the step runs through the Triton kernels of toolkit/kernels.py instead (five
-launches per layer and one for sampling and bookkeeping, nothing compiled): 1.99x the compiled step at batch 1 on
-the H200 (benchmarks/results/kernel_configs_sample_h200.json).
+launches per layer and one for sampling and bookkeeping, nothing compiled): at batch 1 a step is bound by the
+latency of its many small launches, not by bytes.
 
 On CUDA (or with `prefill_graphs=True` anywhere) the prompt is left-padded to a multiple of PREFILL_BUCKET (padding
 is masked like a batch's own). That bounds the prompt shapes a long-running server sees: cuDNN's attention keeps a
 host-side plan per exact shape, in a cache that PyTorch does not bound (pytorch/pytorch#190388). At batch 1 with
 graphs the prefill then replays a graph captured per (batch, padded length, cache) instead of launching every kernel
-of every layer from the host: on the H200 the prefill plus one
-step of a 32-200 token prompt takes 5.2-5.4 ms instead of 14.3-14.5 in bf16 (2.7x), 6.8-9.6 instead of 15-22 in fp32
-(benchmarks/results/prefill_h200.json). In fp32 the codes are the same with and without; in bf16 the padded shapes
-round differently, so a padded prompt's samples differ (deterministically) from an unpadded one's."""
+of every layer from the host. In fp32 the codes are the same with and without; in bf16 the padded shapes round
+differently, so a padded prompt's samples differ (deterministically) from an unpadded one's.
+
+What each of these choices gains, measured: benchmarks/README.md ("Why the engine is built this way")."""
 from __future__ import annotations
 
 import functools
@@ -48,11 +47,10 @@ CACHE_BUCKET = 256  # cache lengths are rounded up to this, so new lengths rarel
 # per request would otherwise hold a graph, and its buffers, for every combination it ever saw
 MAX_GRAPHS = 32
 PREFILL_BUCKET = 32  # prompt lengths are padded to this (on CUDA), so a few shapes and graphs serve every prompt
-# steps of the next chunk queued before the host waits on a chunk's EOS flags: the GPU idled ~190 us per chunk
-# while the host checked (13 us per step at batch 1 on the H200,
-# benchmarks/results/timeline_int4_b1_kernels_dequant_early_h200.txt)
+# steps of the next chunk queued before the host waits on a chunk's EOS flags, so the GPU does not idle while the
+# host checks them
 LEAD_STEPS = 2
-KERNELS_MAX_BATCH = 2  # the Triton step reads the weights once per row: at batch 4 cuBLAS's GEMMs win on the H200
+KERNELS_MAX_BATCH = 2  # the Triton step reads the weights once per row: from batch 4 cuBLAS's GEMMs win
 
 
 class CaptureError(RuntimeError):
@@ -138,13 +136,13 @@ class Engine:
             self._run_block = torch.compile(call_block, fullgraph=True, dynamic=True)
             self._sample = torch.compile(sample_codes, fullgraph=True)
             # the prefill compiled too, but not for int8 weight-only models: inductor's code for torchao's int8 matmul
-            # makes a 32-token prefill 3.6x slower than eager ops in one CUDA graph (20.3 against 5.7 ms on the H200)
+            # is slower there than eager ops in one CUDA graph
             if not is_int8_weight_only(gpt.layers[0].attention.wqkv.weight):
                 self._prefill_block = self._run_block
             if compile == "block":
                 self._decode_step = functools.partial(decode_step, run_block=self._run_block, sample=self._sample)
             else:
-                # static: dynamic shapes cost 3x at batch 64 on the H200 (benchmarks/results/engine_variants_h200.json)
+                # static shapes: dynamic ones are slower at large batches
                 self._decode_step = torch.compile(decode_step, **{"fullgraph": True, "dynamic": False,
                                                                   **(compile_options or {})})
         self._graphs: OrderedDict[tuple, tuple[torch.cuda.CUDAGraph, object]] = OrderedDict()  # decode and prefill
@@ -226,8 +224,8 @@ class Engine:
         if self.kernels is None and not self._kernels_launch(kernels, device):
             self.kernels = False
             return False
-        # not compiled: the kernels fuse more than the compiler did around them (on the H200 a whole-step compile
-        # around the first kernels was no faster, results/engine_variants_kernels_h200.json). self._sample (compiled
+        # not compiled: the kernels fuse more than the compiler did around them (a whole-step compile around them was
+        # no faster). self._sample (compiled
         # where asked) serves the sampling settings the fused sampling launch does not cover
         self._kernel_step = functools.partial(kernels.decode_step, sample=self._sample, pdl=self.kernel_pdl)
         return True
@@ -285,7 +283,7 @@ class Engine:
 
         try:
             kept = self._kept(self._graphs if use_graph else self._states, key, make)
-        except CaptureError as e:  # some kernels cannot be captured (torchao's w8a8 on the H200 is one)
+        except CaptureError as e:  # some kernels cannot be captured (torchao's w8a8 on CUDA is one)
             warnings.warn(f"this model's decode step cannot be captured in a CUDA graph ({e}); "
                           "decoding without graphs from now on, more slowly", RuntimeWarning, stacklevel=4)
             self.cuda_graphs = False

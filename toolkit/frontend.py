@@ -4,7 +4,7 @@
 (Han -> Mandarin via `cmn-latn-pinyin`, which reads Han characters through espeak-ng's zh dictionary;
 Latin -> English `en-us`; digits and symbols follow their neighbours). ChatTTS control tokens such as
 `[laugh]` or `[uv_break]` pass through untouched, and sentence punctuation is kept as its own symbol so the
-model can place pauses. It calls libespeak-ng in-process (ctypes), about 1 ms per clause.
+model can place pauses. It calls libespeak-ng in-process (ctypes): no process per clause.
 
 A model records its front end in its manifest (`"frontend": "espeak"`); `frontend_for(name)` builds it.
 """

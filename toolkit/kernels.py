@@ -457,10 +457,8 @@ def _block_k(K: int, block_k: int) -> int:
     return min(triton.next_power_of_2(K), block_k)
 
 
-# tile settings per kernel, chosen on the H200 with PDL at bf16 (benchmarks/kernel_configs.py,
-# results/kernel_configs_runs_h200.json), and from whole steps for attention's runs and the down-proj's tile
-# (results/attention_splits_ab_h200.txt, whole_rows_before_wait_ab_h200.txt): whole rows in one tile where it pays,
-# so with PDL a program has loaded all its weights by the time the previous kernel ends
+# tile settings per kernel, chosen by benchmarks/kernel_configs.py (benchmarks/README.md): whole rows in one tile
+# where it pays, so with PDL a program has loaded all its weights by the time the previous kernel ends
 CONFIGS = {
     "linear": dict(block_n=2, block_k=4096, warps=4),  # down-proj (whole 3072-wide rows), code heads
     "oproj": dict(block_n=8, block_k=1024, warps=8),  # o-proj, combining attention's runs

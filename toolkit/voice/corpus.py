@@ -32,7 +32,7 @@ DIR gets:
     pack.json          speakers, quantisation range, sizes, mix, text stats (words, phoneme coverage)
 With --codes-from VOICE (a trained ttsq voice folder, whose tokenizer is reused, and its DVAE encoder) the pack holds
 the DVAE codes of every training utterance (codes, codes_off in index.npz; int16, 4 per step) instead of mels and
-PCM: about 25x smaller, so a 10-20x larger corpus still travels to the GPU, where the GPT resumes from that voice
+PCM: far smaller, so a much larger corpus still travels to the GPU, where the GPT resumes from that voice
 (train.py decodes its mel targets from the codes). --vocoder-seconds N adds PCM to a codes pack, for
 train.py --vocos-on-decoder (the vocoder fine-tuned on the Decoder's mels of those utterances).
 The corpus is generated, never committed.
@@ -408,7 +408,7 @@ def dequantise_mel(q: np.ndarray) -> np.ndarray:
 
 def save_pack(folder: Path, **arrays) -> None:
     """Small arrays in index.npz; the mel (delta-coded along time, mod 256) and PCM (delta-coded) as .xz:
-    espeak's regular spectra compress about 1.8x better that way than with zlib."""
+    espeak's regular spectra compress better that way than with zlib."""
     import lzma
 
     mel, wav = arrays.pop("mel"), arrays.pop("wav")
@@ -416,7 +416,7 @@ def save_pack(folder: Path, **arrays) -> None:
     dm = np.diff(mel.astype(np.int16), axis=0, prepend=np.zeros((1, mel.shape[1]), np.int16)).astype(np.uint8)
     (folder / "mel.u8.xz").write_bytes(lzma.compress(dm.tobytes(), preset=6))
     dw = np.diff(wav.astype(np.int32), prepend=0).astype(np.int16)  # wraps mod 2^16, undone by cumsum
-    (folder / "wav.i16.xz").write_bytes(lzma.compress(dw.tobytes(), preset=0))  # PCM: 4x faster than 6, 7% larger
+    (folder / "wav.i16.xz").write_bytes(lzma.compress(dw.tobytes(), preset=0))  # PCM: a low preset, much faster for little size
 
 
 def load_pack(folder: Path) -> dict:
