@@ -1,7 +1,13 @@
-"""The shipped voice's model sizes (and the smoke test's tiny ones)."""
+"""The shipped voice's model sizes (and the smoke test's tiny ones), and where its DVAE encoder lives."""
 from __future__ import annotations
 
+from pathlib import Path
+
+from ..checkpoint import VOICE_ENCODER
 from ..models.config import ConvStackConfig, GFSQConfig, GPTConfig, ModelConfig, VocosConfig
+
+ENCODER_FILE = VOICE_ENCODER  # the DVAE encoder the voice's GPT codes come from, beside the voice
+SHIPPED_ENCODER = Path(__file__).resolve().parents[1] / "assets" / "voice" / ENCODER_FILE
 
 
 def voice_config(vocab: int, smoke: bool = False) -> ModelConfig:

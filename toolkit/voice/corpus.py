@@ -48,6 +48,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .config import SHIPPED_ENCODER
 from .espeak import SPEAKERS, SR, espeak_wav, trim
 
 # speaker name -> espeak voice variant suffix (each speaks en-us and Mandarin)
@@ -636,7 +637,7 @@ def main(argv=None):
                     help="seconds of PCM kept for the vocoder (default 200; 0 with --codes-from)")
     ap.add_argument("--codes-from", type=Path, default=None,
                     help="a trained voice folder: store its DVAE codes instead of mels (and reuse its tokenizer)")
-    ap.add_argument("--encoder", type=Path, default=Path("toolkit/assets/voice/dvae_encoder.safetensors"),
+    ap.add_argument("--encoder", type=Path, default=SHIPPED_ENCODER,
                     help="with --codes-from: the DVAE encoder the voice was trained with")
     ap.add_argument("--keep-mels", action="store_true",
                     help="with --codes-from: store the mels too, as real Decoder targets (train.py --freeze-gpt)")

@@ -31,7 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..checkpoint import VOICE_ENCODER, convstack_config
+from ..checkpoint import convstack_config
 from ..models.config import GPTConfig, ModelConfig, VocosConfig
 from ..models.convnext import ConvNeXtBlock
 from ..models.decoder import ConvStack, DVAEDecoder
@@ -39,7 +39,7 @@ from ..models.dvae_encoder import VoiceEncoder as DVAEEncoder, codes_from_digits
 from ..models.gpt import GPT, Block
 from ..models.speaker import apply_speaker
 from ..models.vocos import LogMel, Vocos
-from .config import voice_config
+from .config import ENCODER_FILE, SHIPPED_ENCODER, voice_config
 from .discriminators import MEL_WEIGHT, Discriminators, DiscriminatorSet, MelDiscriminators
 
 SHARD_BYTES = 15 * 2**20
@@ -756,9 +756,6 @@ def export(args) -> Path:
     return out
 
 
-ENCODER_FILE = VOICE_ENCODER  # shipped beside the model: the GPT's codes come from it, and speakers from audio use it
-
-
 def save_part_fp16(resume: Path, name: str, prefix: str, out: Path) -> Path:
     """The keys under `prefix` of a run's `name` checkpoint, unprefixed, as fp16 safetensors: one part of a run, light
     enough to keep beside the model card or to come back from a GPU call (benchmarks/voice_decoder_h200.sh)."""
@@ -876,8 +873,9 @@ def main(argv=None):
                     help="with --export: also write the run's DVAE encoder (fp16) into this folder (the exported "
                     "model folder itself: `ttsq speaker from-audio` reads it there)")
     ap.add_argument("--from-voice", type=Path, default=None, help="write --out's gpt/dvae/vocos checkpoints from "
-                    "this ttsq voice folder and the DVAE encoder beside its model card (--encoder), then stop")
-    ap.add_argument("--encoder", type=Path, default=Path("toolkit/assets/voice") / ENCODER_FILE)
+                    "this ttsq voice folder and its DVAE encoder (--encoder), then stop")
+    ap.add_argument("--encoder", type=Path, default=SHIPPED_ENCODER,
+                    help="the DVAE encoder of --from-voice's voice (default: the shipped voice's)")
     ap.add_argument("--from-voice-fp32", action="store_true",
                     help="--from-voice writes float32 (the frozen parts stay exactly as shipped) instead of fp16")
     args = ap.parse_args(argv)
