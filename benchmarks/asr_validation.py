@@ -8,6 +8,7 @@ Conditions: clean; noise (white, 5 dB SNR); lowpass (8th-order Butterworth at 1 
 or Han characters, in a random order, then spoken: fluent speech with the right sounds in the wrong order);
 reversed (the clean audio backwards). Writes OUT.json (per utterance: what the ASR heard) and OUT.md.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -40,9 +41,12 @@ def espeak(text: str, variant: str = "") -> np.ndarray:
 
     from evaluation.textnorm import CONTROL_RE
     from toolkit.frontend import split_runs
+
     parts = []
     for lang, run in split_runs(CONTROL_RE.sub(" ", text)):
-        res = subprocess.run(["espeak-ng", "-v", VOICES[lang] + variant, "--stdout", run], capture_output=True, check=True)
+        res = subprocess.run(
+            ["espeak-ng", "-v", VOICES[lang] + variant, "--stdout", run], capture_output=True, check=True
+        )
         with wave.open(io.BytesIO(res.stdout)) as w:
             sr = w.getframerate()
             pcm = np.frombuffer(w.readframes(w.getnframes()), dtype=np.int16).astype(np.float32) / 32768.0
@@ -62,9 +66,10 @@ def degrade(cond: str, text: str, clean: np.ndarray, rng: random.Random) -> np.n
         return clean
     if cond == "noise":
         noise = np.random.default_rng(rng.randrange(2**32)).standard_normal(len(clean)).astype(np.float32)
-        return clean + noise * np.sqrt(np.mean(clean ** 2) / 10 ** (5 / 10))
+        return clean + noise * np.sqrt(np.mean(clean**2) / 10 ** (5 / 10))
     if cond == "lowpass":
         from scipy.signal import butter, sosfiltfilt
+
         return sosfiltfilt(butter(8, 1000, fs=SR, output="sos"), clean).astype(np.float32)
     if cond == "shuffled":
         return espeak(shuffled_text(text, rng))
@@ -90,8 +95,11 @@ def main(argv=None) -> int:
     records = load_text_set(a.set)
     if a.limit:
         seen: dict[str, int] = {}
-        records = [r for r in records if seen.setdefault(r.language, 0) < a.limit
-                   and not seen.__setitem__(r.language, seen[r.language] + 1)]
+        records = [
+            r
+            for r in records
+            if seen.setdefault(r.language, 0) < a.limit and not seen.__setitem__(r.language, seen[r.language] + 1)
+        ]
     conds = [c.strip() for c in a.conditions.split(",") if c.strip()]
     transcriber = asr.Transcriber(a.asr_model)
     t0 = time.perf_counter()
@@ -100,6 +108,7 @@ def main(argv=None) -> int:
         clean = espeak(r.text)
         if a.wavs_out:
             import soundfile as sf
+
             Path(a.wavs_out).mkdir(parents=True, exist_ok=True)
             sf.write(Path(a.wavs_out) / f"{r.id}.wav", clean, SR)
         for c in conds:
@@ -111,25 +120,40 @@ def main(argv=None) -> int:
     print(file=sys.stderr)
 
     def counts(c):
-        return [asr.ErrorCount(**{k: v for k, v in x.items() if k not in ("id", "text", "heard", "rate")})
-                for x in rows[c]]
+        return [
+            asr.ErrorCount(**{k: v for k, v in x.items() if k not in ("id", "text", "heard", "rate")}) for x in rows[c]
+        ]
+
     summary = {c: asr.by_language(counts(c)) for c in conds}
-    commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True,
-                            text=True).stdout.strip()
-    res = {"command": " ".join(["python", "benchmarks/asr_validation.py", *(argv or sys.argv[1:])]),
-           "commit": commit, "hardware": f"{platform.machine()} CPU", "text_set": a.set, "records": len(records),
-           "asr": transcriber.settings(), "wall_s": time.perf_counter() - t0, "summary": summary, "utterances": rows}
+    commit = subprocess.run(
+        ["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True
+    ).stdout.strip()
+    res = {
+        "command": " ".join(["python", "benchmarks/asr_validation.py", *(argv or sys.argv[1:])]),
+        "commit": commit,
+        "hardware": f"{platform.machine()} CPU",
+        "text_set": a.set,
+        "records": len(records),
+        "asr": transcriber.settings(),
+        "wall_s": time.perf_counter() - t0,
+        "summary": summary,
+        "utterances": rows,
+    }
     out = Path(a.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.with_suffix(".json").write_text(json.dumps(res, indent=2, ensure_ascii=False) + "\n")
     langs = [k for k in INTELLIGIBILITY if any(k in summary[c] for c in conds)]
-    lines = [f"# Intelligibility metric on espeak-ng audio ({Path(a.set).name}, {len(records)} records)", "",
-             f"`{res['command']}` at commit {commit}, {res['hardware']}, {res['wall_s']:.0f} s. ASR: "
-             f"{res['asr']['model']} (faster-whisper {res['asr']['versions']['faster-whisper']}, "
-             f"{res['asr']['decoding']['compute_type']}, beam {res['asr']['decoding']['beam_size']}). "
-             "Pooled error rate [95% bootstrap CI over utterances].", "",
-             "| condition | " + " | ".join(INTELLIGIBILITY[k] for k in langs) + " |",
-             "|---|" + "---|" * len(langs)]
+    lines = [
+        f"# Intelligibility metric on espeak-ng audio ({Path(a.set).name}, {len(records)} records)",
+        "",
+        f"`{res['command']}` at commit {commit}, {res['hardware']}, {res['wall_s']:.0f} s. ASR: "
+        f"{res['asr']['model']} (faster-whisper {res['asr']['versions']['faster-whisper']}, "
+        f"{res['asr']['decoding']['compute_type']}, beam {res['asr']['decoding']['beam_size']}). "
+        "Pooled error rate [95% bootstrap CI over utterances].",
+        "",
+        "| condition | " + " | ".join(INTELLIGIBILITY[k] for k in langs) + " |",
+        "|---|" + "---|" * len(langs),
+    ]
     for c in conds:
         lines.append(f"| {c} | " + " | ".join(_fmt(summary[c].get(k), ".3f") for k in langs) + " |")
     out.with_suffix(".md").write_text("\n".join(lines) + "\n")

@@ -5,6 +5,7 @@ graphed step pays. Prints microseconds per call (median of replays).
 
     python3 benchmarks/attention_decode.py --batches 1,64 --lengths 640,1024 --out /tmp/attn.json
 """
+
 from __future__ import annotations
 
 import argparse
@@ -93,8 +94,19 @@ def main(argv=None) -> int:
                 print(json.dumps(row), flush=True)
     if a.out:
         a.out.parent.mkdir(parents=True, exist_ok=True)
-        a.out.write_text(json.dumps(dict(command="python3 " + " ".join(sys.argv), device=torch.cuda.get_device_name(),
-                                         torch=torch.__version__, dtype=a.dtype, rows=rows), indent=1) + "\n")
+        a.out.write_text(
+            json.dumps(
+                dict(
+                    command="python3 " + " ".join(sys.argv),
+                    device=torch.cuda.get_device_name(),
+                    torch=torch.__version__,
+                    dtype=a.dtype,
+                    rows=rows,
+                ),
+                indent=1,
+            )
+            + "\n"
+        )
     return 0
 
 

@@ -5,6 +5,7 @@ wall time each variant spent compiling and capturing.
     python3 benchmarks/engine_variants.py --variants block,step-dynamic,step --precisions bf16,int8,int8@bf16 \
         --batches 1,64 --out benchmarks/results/engine_variants_h200.json
 """
+
 from __future__ import annotations
 
 import argparse
@@ -33,8 +34,11 @@ VARIANTS = {  # name -> Engine arguments
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--variants", default="block,step-dynamic,step")
-    ap.add_argument("--precisions", default="bf16",
-                    help="recipes; NAME@DTYPE runs a quantized recipe's float parts in DTYPE (e.g. int8@bf16)")
+    ap.add_argument(
+        "--precisions",
+        default="bf16",
+        help="recipes; NAME@DTYPE runs a quantized recipe's float parts in DTYPE (e.g. int8@bf16)",
+    )
     ap.add_argument("--batches", default="1,64")
     ap.add_argument("--steps", type=int, default=470)
     ap.add_argument("--dims", choices=("chattts", "tiny"), default="chattts")
@@ -64,14 +68,22 @@ def main(argv=None) -> int:
                 rows.append(row)
                 print(json.dumps(row), flush=True)
     device = torch.cuda.get_device_name(dev) if dev.type == "cuda" else platform.processor() or "CPU"
-    result = dict(command="python3 " + " ".join(sys.argv), device=device, torch=torch.__version__, steps=a.steps,
-                  dims=a.dims, rows=rows)
+    result = dict(
+        command="python3 " + " ".join(sys.argv),
+        device=device,
+        torch=torch.__version__,
+        steps=a.steps,
+        dims=a.dims,
+        rows=rows,
+    )
     a.out.parent.mkdir(parents=True, exist_ok=True)
     a.out.write_text(json.dumps(result, indent=1) + "\n")
     print(f"\n{'precision':10} {'variant':14} {'batch':>5} {'steps/s':>9} {'audio s/s':>9} {'wall s':>7}")
     for r in rows:
-        print(f"{r['precision']:10} {r['variant']:14} {r['batch']:5} {r.get('steps_per_s', 'error'):>9} "
-              f"{r.get('audio_s_per_s', ''):>9} {r['wall_s']:7}")
+        print(
+            f"{r['precision']:10} {r['variant']:14} {r['batch']:5} {r.get('steps_per_s', 'error'):>9} "
+            f"{r.get('audio_s_per_s', ''):>9} {r['wall_s']:7}"
+        )
     return 0
 
 

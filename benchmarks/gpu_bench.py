@@ -6,6 +6,7 @@ each stage against FP32 on identical inputs (GPT teacher-forced hidden states, D
 
     python benchmarks/gpu_bench.py --out benchmarks/results/gpu_precisions.json [--device cuda] [--quick]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -87,29 +88,37 @@ def main():
         if dev.type == "cuda":
             torch.cuda.empty_cache()
     report = {
-        "command": " ".join(sys.argv), "device": str(dev),
+        "command": " ".join(sys.argv),
+        "device": str(dev),
         "hardware": torch.cuda.get_device_name(dev) if dev.type == "cuda" else platform.processor(),
-        "torch": torch.__version__, "config": "ChatTTS dims, random weights" if not a.quick else "tiny",
-        "steps_per_10s": STEPS_10S, "results": results,
+        "torch": torch.__version__,
+        "config": "ChatTTS dims, random weights" if not a.quick else "tiny",
+        "steps_per_10s": STEPS_10S,
+        "results": results,
     }
     try:
         import torchao
+
         report["torchao"] = torchao.__version__
     except ImportError:
         pass
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
     Path(a.out).write_text(json.dumps(report, indent=2) + "\n")
-    print("\n| precision | weights MiB | steps/s b1 graph | steps/s b1 eager | RTF 10 s | audio s/s b8 | audio s/s b64 | "
-          "peak MiB b1 | err gpt | err decoder | err vocos |")
+    print(
+        "\n| precision | weights MiB | steps/s b1 graph | steps/s b1 eager | RTF 10 s | audio s/s b8 | audio s/s b64 | "
+        "peak MiB b1 | err gpt | err decoder | err vocos |"
+    )
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for n, r in results.items():
         if "error" in r:
             print(f"| {n} | failed: {r['error'][:80]} |")
             continue
         e = r["rel_error"]
-        print(f"| {n} | {r['weight_bytes'] / 2**20:.0f} | {r['steps_per_s_b1_graph']:.0f} | {r['steps_per_s_b1_eager']:.0f} | "
-              f"{r['rtf_10s_b1']:.4f} | {r.get('audio_s_per_s_gpt_b8', 0):.0f} | {r.get('audio_s_per_s_gpt_b64', 0):.0f} | "
-              f"{r.get('peak_mem_b1_bytes', 0) / 2**20:.0f} | {e['gpt']:.1e} | {e['decoder']:.1e} | {e['vocos']:.1e} |")
+        print(
+            f"| {n} | {r['weight_bytes'] / 2**20:.0f} | {r['steps_per_s_b1_graph']:.0f} | {r['steps_per_s_b1_eager']:.0f} | "
+            f"{r['rtf_10s_b1']:.4f} | {r.get('audio_s_per_s_gpt_b8', 0):.0f} | {r.get('audio_s_per_s_gpt_b64', 0):.0f} | "
+            f"{r.get('peak_mem_b1_bytes', 0) / 2**20:.0f} | {e['gpt']:.1e} | {e['decoder']:.1e} | {e['vocos']:.1e} |"
+        )
 
 
 if __name__ == "__main__":

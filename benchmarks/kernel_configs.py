@@ -8,6 +8,7 @@ the kernels. --no-sweep times the step with the shipped settings only.
 
     python3 benchmarks/kernel_configs.py --out benchmarks/results/kernel_configs_fused_h200.json [--apply]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -22,6 +23,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from attention_decode import time_call  # noqa: E402
+
 from toolkit import kernels  # noqa: E402
 from toolkit.bench import STEPS_PER_S, decode_rate, quantized_copy, random_model  # noqa: E402
 
@@ -32,10 +34,12 @@ GRID = {
     "linear": GEMV,
     "gate": GEMV,
     "qkv": [dict(pairs=p, block_k=k, warps=w) for p, k, w in itertools.product((1, 2, 4), (256, 512, 1024), (2, 4, 8))],
-    "oproj": [dict(block_n=n, block_k=k, warps=w) for n, k, w in itertools.product((1, 2, 4, 8), (256, 512, 1024),
-                                                                                    (2, 4, 8))],
-    "attention": [dict(splits=n, block_s=s, warps=w)
-                  for n, s, w in itertools.product((4, 8, 16, 32), (16, 32, 64), (1, 2, 4))],
+    "oproj": [
+        dict(block_n=n, block_k=k, warps=w) for n, k, w in itertools.product((1, 2, 4, 8), (256, 512, 1024), (2, 4, 8))
+    ],
+    "attention": [
+        dict(splits=n, block_s=s, warps=w) for n, s, w in itertools.product((4, 8, 16, 32), (16, 32, 64), (1, 2, 4))
+    ],
 }
 
 
@@ -52,14 +56,27 @@ def main(argv=None) -> int:
     ap.add_argument("--batches", default="1,2", help="batches for --apply")
     ap.add_argument("--precision", default="bf16", help="a recipe; int8@bf16 runs int8 weights on bf16 activations")
     ap.add_argument("--no-sweep", action="store_true", help="time the shipped settings only (with --apply)")
-    ap.add_argument("--sweep", default=None, help="sweep only these kernels, e.g. gate,oproj (default: all; a whole "
-                    "sweep takes about 9 minutes on the H200)")
-    ap.add_argument("--sample-warps", default="", help="with --apply: also time the kernels with these warps for "
-                    "the sampling launch, e.g. 1,2,8")
-    ap.add_argument("--kernels-only", action="store_true", help="with --apply: leave out the compiled step and the "
-                    "kernels without PDL")
-    ap.add_argument("--configs", type=Path, help="apply the settings an earlier run chose (its JSON) instead of this "
-                    "run's sweep; goes with --no-sweep")
+    ap.add_argument(
+        "--sweep",
+        default=None,
+        help="sweep only these kernels, e.g. gate,oproj (default: all; a whole "
+        "sweep takes about 9 minutes on the H200)",
+    )
+    ap.add_argument(
+        "--sample-warps",
+        default="",
+        help="with --apply: also time the kernels with these warps for the sampling launch, e.g. 1,2,8",
+    )
+    ap.add_argument(
+        "--kernels-only",
+        action="store_true",
+        help="with --apply: leave out the compiled step and the kernels without PDL",
+    )
+    ap.add_argument(
+        "--configs",
+        type=Path,
+        help="apply the settings an earlier run chose (its JSON) instead of this run's sweep; goes with --no-sweep",
+    )
     ap.add_argument("--out", type=Path, required=True)
     a = ap.parse_args(argv)
     dev = torch.device("cuda")
@@ -83,17 +100,31 @@ def main(argv=None) -> int:
         return L[i].attention.kv_cache
 
     cases = {  # name: (kernel kind, the triton call on layer i, the PyTorch calls it replaces)
-        "qkv (norm, rope, cache)": ("qkv", lambda i: kernels.qkv_rope(h, L[i], gpt.inv_freq, rope, slot),
-                                    lambda i: L[i].attention.wqkv(L[i].attention_norm(h))),
-        "attention": ("attention", lambda i: kernels.attention(q, cache(i).k, cache(i).v, gpt.key_valid, slot),
-                      lambda i: F.scaled_dot_product_attention(q4, cache(i).k, cache(i).v, attn_mask=mask)),
-        "combine + o-proj + residual": ("oproj", lambda i: kernels.linear(parts, L[i].attention.wo.weight, residual=h),
-                                        lambda i: h + L[i].attention.wo(h)),
-        "gate/up (norm, silu)": ("gate", lambda i: kernels.linear(h, L[i].feed_forward.w13.weight,
-                                                                   norm=L[i].ffn_norm, gate=True),
-                                 lambda i: L[i].feed_forward.w13(L[i].ffn_norm(h))),
-        "down + residual": ("linear", lambda i: kernels.linear(u, L[i].feed_forward.w2.weight, residual=h),
-                            lambda i: h + L[i].feed_forward.w2(u)),
+        "qkv (norm, rope, cache)": (
+            "qkv",
+            lambda i: kernels.qkv_rope(h, L[i], gpt.inv_freq, rope, slot),
+            lambda i: L[i].attention.wqkv(L[i].attention_norm(h)),
+        ),
+        "attention": (
+            "attention",
+            lambda i: kernels.attention(q, cache(i).k, cache(i).v, gpt.key_valid, slot),
+            lambda i: F.scaled_dot_product_attention(q4, cache(i).k, cache(i).v, attn_mask=mask),
+        ),
+        "combine + o-proj + residual": (
+            "oproj",
+            lambda i: kernels.linear(parts, L[i].attention.wo.weight, residual=h),
+            lambda i: h + L[i].attention.wo(h),
+        ),
+        "gate/up (norm, silu)": (
+            "gate",
+            lambda i: kernels.linear(h, L[i].feed_forward.w13.weight, norm=L[i].ffn_norm, gate=True),
+            lambda i: L[i].feed_forward.w13(L[i].ffn_norm(h)),
+        ),
+        "down + residual": (
+            "linear",
+            lambda i: kernels.linear(u, L[i].feed_forward.w2.weight, residual=h),
+            lambda i: h + L[i].feed_forward.w2(u),
+        ),
     }
     rows, chosen = [], {}
     sweep_pdl = kernels.uses_pdl(dev)  # the sweep runs with the shipped launch option
@@ -125,11 +156,20 @@ def main(argv=None) -> int:
     steps = []
 
     def save():  # after the sweep and after each decode timing, so a call cut short keeps what it measured
-        out = dict(command="python3 " + " ".join(sys.argv), device=torch.cuda.get_device_name(dev),
-                   torch=torch.__version__, triton=__import__("triton").__version__, calls_per_graph=CALLS,
-                   cache=a.cache, precision=a.precision, sweep_pdl=sweep_pdl, chosen=chosen,
-                   configs=applied, rows=rows,
-                   decode_steps=steps)
+        out = dict(
+            command="python3 " + " ".join(sys.argv),
+            device=torch.cuda.get_device_name(dev),
+            torch=torch.__version__,
+            triton=__import__("triton").__version__,
+            calls_per_graph=CALLS,
+            cache=a.cache,
+            precision=a.precision,
+            sweep_pdl=sweep_pdl,
+            chosen=chosen,
+            configs=applied,
+            rows=rows,
+            decode_steps=steps,
+        )
         a.out.parent.mkdir(parents=True, exist_ok=True)
         a.out.write_text(json.dumps(out, indent=1) + "\n")
 
@@ -143,18 +183,28 @@ def main(argv=None) -> int:
         shipped = applied["sample"]["warps"]
         kernels_on = dict(compile=True, kernels=True)
         for B in map(int, a.batches.split(",")):
-            for variant, opts, pdl, warps in (("step (no kernels)", dict(compile=True, kernels=False), False, shipped),
-                                              ("kernels without PDL", kernels_on, False, shipped),
-                                              ("kernels", kernels_on, True, shipped),
-                                              *((f"kernels, sampling in {w} warps", kernels_on, True, int(w))
-                                                for w in filter(None, a.sample_warps.split(",")))):
+            for variant, opts, pdl, warps in (
+                ("step (no kernels)", dict(compile=True, kernels=False), False, shipped),
+                ("kernels without PDL", kernels_on, False, shipped),
+                ("kernels", kernels_on, True, shipped),
+                *(
+                    (f"kernels, sampling in {w} warps", kernels_on, True, int(w))
+                    for w in filter(None, a.sample_warps.split(","))
+                ),
+            ):
                 if a.kernels_only and (not opts.get("kernels") or not pdl):
                     continue
                 kernels.CONFIGS["sample"] = dict(warps=warps)
                 torch._dynamo.reset()
                 sps = decode_rate(quantized_copy(base, dev, a.precision), B, 470, dev, kernel_pdl=pdl, **opts)
-                steps.append(dict(variant=variant, batch=B, steps_per_s=round(sps, 1),
-                                  audio_s_per_s=round(sps * B / STEPS_PER_S, 1)))
+                steps.append(
+                    dict(
+                        variant=variant,
+                        batch=B,
+                        steps_per_s=round(sps, 1),
+                        audio_s_per_s=round(sps * B / STEPS_PER_S, 1),
+                    )
+                )
                 print(json.dumps(steps[-1]), flush=True)
                 save()
     return 0

@@ -5,6 +5,7 @@ host launching the prefill's kernels one by one (about 20 ms of a 32-token promp
 
     python3 benchmarks/prefill.py --precision bf16 --lengths 32,100,200 --out $OUT/prefill.json [--compile]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -57,9 +58,23 @@ def main(argv=None) -> int:
         print(json.dumps(row), flush=True)
     device = torch.cuda.get_device_name(dev) if dev.type == "cuda" else "CPU"
     a.out.parent.mkdir(parents=True, exist_ok=True)
-    a.out.write_text(json.dumps(dict(command="python3 " + " ".join(sys.argv), device=device, torch=torch.__version__,
-                                     precision=a.precision, batch=a.batch, compile=a.compile, dims=a.dims,
-                                     unit="ms, prefill plus one step, median", rows=rows), indent=1) + "\n")
+    a.out.write_text(
+        json.dumps(
+            dict(
+                command="python3 " + " ".join(sys.argv),
+                device=device,
+                torch=torch.__version__,
+                precision=a.precision,
+                batch=a.batch,
+                compile=a.compile,
+                dims=a.dims,
+                unit="ms, prefill plus one step, median",
+                rows=rows,
+            ),
+            indent=1,
+        )
+        + "\n"
+    )
     return 0
 
 

@@ -11,6 +11,7 @@ over the audio's duration), aggregate audio seconds per wall second, errors, ser
     # GPU, random weights at ChatTTS's dimensions (EOS barred: each sentence runs --steps-per-sentence steps)
     python3 benchmarks/serve_load.py --dims chattts --device cuda --precision bf16 --clients 64 --slots 64 ...
 """
+
 from __future__ import annotations
 
 import argparse
@@ -30,10 +31,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 SAMPLE_RATE = 24000
-WORDS = ("the quick brown fox jumps over a lazy dog near river bank bright sunny morning everyone went out play "
-         "children ran across green fields while parents talked quietly under tall trees later that day wind "
-         "picked up dark clouds rolled from west we walked home slowly birds sang station coffee tea good night "
-         "sleep well old mill village market bread warm summer evening light").split()
+WORDS = (
+    "the quick brown fox jumps over a lazy dog near river bank bright sunny morning everyone went out play "
+    "children ran across green fields while parents talked quietly under tall trees later that day wind "
+    "picked up dark clouds rolled from west we walked home slowly birds sang station coffee tea good night "
+    "sleep well old mill village market bread warm summer evening light"
+).split()
 
 
 def random_text(rng: random.Random, words: int) -> str:
@@ -83,8 +86,9 @@ async def one_request(client, text: str, seed: int) -> dict:
     t0 = time.perf_counter()
     row = {"chars": len(text), "status": None, "ttfa_s": None, "audio_s": 0.0, "total_s": None, "error": None}
     try:
-        async with client.stream("POST", "/v1/audio/speech", json={"model": "bench", "input": text, "seed": seed,
-                                                                   "response_format": "pcm"}) as r:
+        async with client.stream(
+            "POST", "/v1/audio/speech", json={"model": "bench", "input": text, "seed": seed, "response_format": "pcm"}
+        ) as r:
             row["status"] = r.status_code
             if r.status_code != 200:
                 row["error"] = f"HTTP {r.status_code}: {(await r.aread())[:200].decode(errors='replace')}"
@@ -101,8 +105,9 @@ async def one_request(client, text: str, seed: int) -> dict:
     return row
 
 
-async def phase(url: str, clients: int, requests: int, time_limit: float, rng: random.Random, words: tuple[int, int],
-                seed0: int) -> dict:
+async def phase(
+    url: str, clients: int, requests: int, time_limit: float, rng: random.Random, words: tuple[int, int], seed0: int
+) -> dict:
     """`clients` loops sending requests until `requests` were sent or `time_limit` passed (a request in flight at
     the limit is abandoned after a grace period and counted as an error)."""
     import httpx
@@ -114,14 +119,18 @@ async def phase(url: str, clients: int, requests: int, time_limit: float, rng: r
     deadline = t_start + time_limit
     limits = httpx.Limits(max_connections=clients + 4, max_keepalive_connections=clients + 4)
     async with httpx.AsyncClient(base_url=url, timeout=httpx.Timeout(time_limit + 60), limits=limits) as client:
+
         async def worker():
             nonlocal next_i
             while next_i < requests and time.perf_counter() < deadline:
                 i = next_i
                 next_i += 1
                 try:
-                    rows.append(await asyncio.wait_for(one_request(client, texts[i], seed0 + i),
-                                                       deadline + 30 - time.perf_counter()))
+                    rows.append(
+                        await asyncio.wait_for(
+                            one_request(client, texts[i], seed0 + i), deadline + 30 - time.perf_counter()
+                        )
+                    )
                 except asyncio.TimeoutError:
                     rows.append({"chars": len(texts[i]), "status": None, "error": "past the time limit"})
 
@@ -147,12 +156,23 @@ def summarize(rows: list[dict], wall: float, clients: int) -> dict:
         if r.get("error"):
             key = r["error"].split(":")[0]
             errors[key] = errors.get(key, 0) + 1
-    return {"clients": clients, "requests": len(rows), "ok": len(ok), "errors": errors, "wall_s": round(wall, 2),
-            "ttfa_p50_s": pct(ttfa, 0.5), "ttfa_p95_s": pct(ttfa, 0.95), "ttfa_max_s": max(ttfa, default=None),
-            "rtf_p50": pct(rtf, 0.5), "rtf_p95": pct(rtf, 0.95), "rtf_max": max(rtf, default=None),
-            "streams_faster_than_real_time": sum(x < 1 for x in rtf),
-            "audio_s": round(audio, 2), "audio_s_per_s": round(audio / wall, 3) if wall else None,
-            "mean_chars": round(statistics.mean(r["chars"] for r in rows), 1) if rows else None}
+    return {
+        "clients": clients,
+        "requests": len(rows),
+        "ok": len(ok),
+        "errors": errors,
+        "wall_s": round(wall, 2),
+        "ttfa_p50_s": pct(ttfa, 0.5),
+        "ttfa_p95_s": pct(ttfa, 0.95),
+        "ttfa_max_s": max(ttfa, default=None),
+        "rtf_p50": pct(rtf, 0.5),
+        "rtf_p95": pct(rtf, 0.95),
+        "rtf_max": max(rtf, default=None),
+        "streams_faster_than_real_time": sum(x < 1 for x in rtf),
+        "audio_s": round(audio, 2),
+        "audio_s_per_s": round(audio / wall, 3) if wall else None,
+        "mean_chars": round(statistics.mean(r["chars"] for r in rows), 1) if rows else None,
+    }
 
 
 def scrape(url: str) -> dict:
@@ -170,10 +190,16 @@ def scrape(url: str) -> dict:
 
 
 def hardware(device: str) -> dict:
-    info = {"platform": platform.platform(), "cpu": platform.processor() or platform.machine(),
-            "cpu_count": os.cpu_count(), "python": platform.python_version(), "load_avg_at_start": os.getloadavg()}
+    info = {
+        "platform": platform.platform(),
+        "cpu": platform.processor() or platform.machine(),
+        "cpu_count": os.cpu_count(),
+        "python": platform.python_version(),
+        "load_avg_at_start": os.getloadavg(),
+    }
     try:
         import torch
+
         info["torch"] = torch.__version__
         if device.startswith("cuda") and torch.cuda.is_available():
             info["gpu"] = torch.cuda.get_device_name(0)
@@ -184,34 +210,52 @@ def hardware(device: str) -> dict:
 
 def markdown(report: dict) -> str:
     a = report["args"]
-    lines = [f"# serve_load: {a['dims']} dims, {a['device']}, {a['precision'] or 'fp32'}, {a['slots']} slots", "",
-             f"command: `{report['command']}`  ", f"commit: {report['commit']}  ",
-             f"hardware: {json.dumps(report['hardware'])}", "",
-             "| phase | clients | ok/requests | errors | TTFA p50 | TTFA p95 | RTF p50 | RTF p95 | RTF max | "
-             "faster than real time | audio s/s |", "|---" * 11 + "|"]
+    lines = [
+        f"# serve_load: {a['dims']} dims, {a['device']}, {a['precision'] or 'fp32'}, {a['slots']} slots",
+        "",
+        f"command: `{report['command']}`  ",
+        f"commit: {report['commit']}  ",
+        f"hardware: {json.dumps(report['hardware'])}",
+        "",
+        "| phase | clients | ok/requests | errors | TTFA p50 | TTFA p95 | RTF p50 | RTF p95 | RTF max | "
+        "faster than real time | audio s/s |",
+        "|---" * 11 + "|",
+    ]
     for name in ("baseline", "load"):
         p = report[name]
-        f = (lambda x: "-" if x is None else f"{x:.3f}")
-        lines.append(f"| {name} | {p['clients']} | {p['ok']}/{p['requests']} | {p['errors'] or 0} | "
-                     f"{f(p['ttfa_p50_s'])} s | {f(p['ttfa_p95_s'])} s | {f(p['rtf_p50'])} | {f(p['rtf_p95'])} | "
-                     f"{f(p['rtf_max'])} | {p['streams_faster_than_real_time']}/{p['ok']} | {p['audio_s_per_s']} |")
+        f = lambda x: "-" if x is None else f"{x:.3f}"
+        lines.append(
+            f"| {name} | {p['clients']} | {p['ok']}/{p['requests']} | {p['errors'] or 0} | "
+            f"{f(p['ttfa_p50_s'])} s | {f(p['ttfa_p95_s'])} s | {f(p['rtf_p50'])} | {f(p['rtf_p95'])} | "
+            f"{f(p['rtf_max'])} | {p['streams_faster_than_real_time']}/{p['ok']} | {p['audio_s_per_s']} |"
+        )
     lines += ["", f"server memory before: {report['memory_before']}  ", f"after: {report['memory_after']}", ""]
     return "\n".join(lines)
 
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", default=None, help="model folder (default: the shipped voice); ignored with --dims chattts")
-    p.add_argument("--dims", choices=("shipped", "chattts"), default="shipped",
-                   help="chattts: random weights at ChatTTS's dimensions (no download)")
+    p.add_argument(
+        "--model", default=None, help="model folder (default: the shipped voice); ignored with --dims chattts"
+    )
+    p.add_argument(
+        "--dims",
+        choices=("shipped", "chattts"),
+        default="shipped",
+        help="chattts: random weights at ChatTTS's dimensions (no download)",
+    )
     p.add_argument("--device", default="cpu")
     p.add_argument("--precision", default=None)
     p.add_argument("--compile", action="store_true", help="torch.compile the GPT blocks (ttsq serve --compile)")
     p.add_argument("--slots", type=int, default=4)
     p.add_argument("--max-queue", type=int, default=256)
     p.add_argument("--max-chars", type=int, default=120, help="sentence length the server splits at")
-    p.add_argument("--steps-per-sentence", type=int, default=235, help="--dims chattts: GPT steps per sentence "
-                   "(EOS barred; 235 steps = 5 s of audio)")
+    p.add_argument(
+        "--steps-per-sentence",
+        type=int,
+        default=235,
+        help="--dims chattts: GPT steps per sentence (EOS barred; 235 steps = 5 s of audio)",
+    )
     p.add_argument("--clients", type=int, default=4)
     p.add_argument("--requests", type=int, default=16, help="requests of the concurrent phase at most")
     p.add_argument("--baseline-requests", type=int, default=4, help="requests of the one-at-a-time phase")
@@ -228,8 +272,9 @@ def main() -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     argv = [x for x in sys.argv[1:]]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
-    proc = subprocess.Popen([sys.executable, __file__, "--serve-only", *argv], stdout=subprocess.PIPE, env=env,
-                            text=True)
+    proc = subprocess.Popen(
+        [sys.executable, __file__, "--serve-only", *argv], stdout=subprocess.PIPE, env=env, text=True
+    )
     try:
         line = proc.stdout.readline()
         if not line.startswith("PORT "):
@@ -251,9 +296,16 @@ def main() -> int:
         except subprocess.TimeoutExpired:
             proc.kill()
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
-    report = {"command": "python3 benchmarks/serve_load.py " + " ".join(argv), "commit": commit.stdout.strip() or None,
-              "hardware": hardware(a.device), "args": {k: v for k, v in vars(a).items() if k != "serve_only"},
-              "baseline": baseline, "load": load, "memory_before": before, "memory_after": after}
+    report = {
+        "command": "python3 benchmarks/serve_load.py " + " ".join(argv),
+        "commit": commit.stdout.strip() or None,
+        "hardware": hardware(a.device),
+        "args": {k: v for k, v in vars(a).items() if k != "serve_only"},
+        "baseline": baseline,
+        "load": load,
+        "memory_before": before,
+        "memory_after": after,
+    }
     out.write_text(json.dumps(report, indent=1) + "\n")
     out.with_suffix(".md").write_text(markdown(report))
     print(markdown(report))

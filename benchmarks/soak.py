@@ -5,6 +5,7 @@ memory does not grow, and fixed-seed output stays bit-identical from start to en
     python3 benchmarks/soak.py --requests 1000 --device cpu --out benchmarks/results/soak_cpu.json
     python3 benchmarks/soak.py --requests 1000 --device cuda --precisions fp32,bf16,int8,int4 --out $OUT/soak.json
 """
+
 from __future__ import annotations
 
 import argparse
@@ -56,12 +57,19 @@ def device_snapshot(dev: torch.device) -> dict | None:
     """The allocator's statistics and NVML's view of the GPU, logged at the start and at the end."""
     if dev.type != "cuda":
         return None
-    keys = ("allocated_bytes.all.current", "reserved_bytes.all.current", "allocated_bytes.all.peak",
-            "num_alloc_retries", "num_ooms", "inactive_split_bytes.all.current")
+    keys = (
+        "allocated_bytes.all.current",
+        "reserved_bytes.all.current",
+        "allocated_bytes.all.peak",
+        "num_alloc_retries",
+        "num_ooms",
+        "inactive_split_bytes.all.current",
+    )
     stats = torch.cuda.memory_stats(dev)
     snap = {"torch": {k: stats.get(k) for k in keys}}
     try:
         import pynvml
+
         pynvml.nvmlInit()
         snap["nvml_used_bytes"] = pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByIndex(dev.index or 0)).used
     except Exception as e:  # noqa: BLE001 - NVML is optional; torch's numbers stand alone
@@ -77,8 +85,11 @@ def provoke_out_of_memory(synth: Synthesizer, dev: torch.device) -> int:
     free, _ = torch.cuda.mem_get_info(dev)
     ballast = torch.empty(max(0, free - 64 * 2**20), dtype=torch.uint8, device=dev)
     try:
-        synth.synthesize(["A long sentence, spoken slowly, that goes on."] * 512, batch_size=512,
-                         params=SamplingParams(max_new_tokens=2048, min_new_tokens=2048))
+        synth.synthesize(
+            ["A long sentence, spoken slowly, that goes on."] * 512,
+            batch_size=512,
+            params=SamplingParams(max_new_tokens=2048, min_new_tokens=2048),
+        )
         return 0
     except OutOfMemory:
         return 1
@@ -97,27 +108,44 @@ def main(argv=None) -> int:
     ap.add_argument("--device", default=None)
     ap.add_argument("--precisions", default="fp32,bf16,int8")
     ap.add_argument("--requests", type=int, default=1000)
-    ap.add_argument("--minutes", type=float, default=None,
-                    help="stop early, cleanly (final probes, results written), once this much wall time has passed")
+    ap.add_argument(
+        "--minutes",
+        type=float,
+        default=None,
+        help="stop early, cleanly (final probes, results written), once this much wall time has passed",
+    )
     ap.add_argument("--max-steps", type=int, default=96, help="upper end of each request's random max_new_tokens")
     ap.add_argument("--max-texts", type=int, default=8, help="largest number of texts in one request")
     ap.add_argument("--lengths", default="short,medium,long", help="length buckets of calibration texts to draw from")
-    ap.add_argument("--oom-every", type=int, default=250,
-                    help="on CUDA, provoke an out-of-memory error every this many requests (0: never); each one drops "
-                         "the engine's cache and graphs, which are then recaptured")
+    ap.add_argument(
+        "--oom-every",
+        type=int,
+        default=250,
+        help="on CUDA, provoke an out-of-memory error every this many requests (0: never); each one drops "
+        "the engine's cache and graphs, which are then recaptured",
+    )
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", required=True, help="JSON file to write")
     args = ap.parse_args(argv)
     warnings.simplefilter("ignore")  # "reached max_new_tokens" is expected with capped lengths
     rng = random.Random(args.seed)
     texts = [r.text for r in load_text_set(ROOT / "calibration_sets" / "calib.jsonl") if r.length in args.lengths]
-    synths = {p: Synthesizer(args.model, args.device, None if p == "fp32" else p, warmup=True)
-              for p in args.precisions.split(",")}
+    synths = {
+        p: Synthesizer(args.model, args.device, None if p == "fp32" else p, warmup=True)
+        for p in args.precisions.split(",")
+    }
     dev = next(iter(synths.values())).device
     before = {p: probe(s) for p, s in synths.items()}
     memory_at_start = device_snapshot(dev)
-    counts = {"ok": 0, "streamed": 0, "expected_errors": 0, "unexpected_errors": 0, "oom_provoked": 0,
-              "oom_recovered": 0, "nan_in_audio": 0}
+    counts = {
+        "ok": 0,
+        "streamed": 0,
+        "expected_errors": 0,
+        "unexpected_errors": 0,
+        "oom_provoked": 0,
+        "oom_recovered": 0,
+        "nan_in_audio": 0,
+    }
     failures, samples, audio_s = [], [], 0.0
     shapes_seen: set = set()
     out = Path(args.out)
@@ -150,8 +178,9 @@ def main(argv=None) -> int:
                 counts["nan_in_audio"] += int(not np.isfinite(wav).all())
                 audio_s += len(wav) / synth.sample_rate
             else:
-                for u in synth.synthesize(batch, seed=i, params=params, batch_size=rng.choice([1, 4, 8]),
-                                          control_tokens=rng.random() < 0.5):
+                for u in synth.synthesize(
+                    batch, seed=i, params=params, batch_size=rng.choice([1, 4, 8]), control_tokens=rng.random() < 0.5
+                ):
                     counts["nan_in_audio"] += int(not np.isfinite(u.wav).all())
                     audio_s += u.duration
             counts["ok"] += 1
@@ -165,14 +194,35 @@ def main(argv=None) -> int:
         last = done == args.requests or time.perf_counter() > deadline
         if i % 50 == 0 or last:
             # if host memory grows only while new step shapes (buffers, graphs) keep turning up, it is a cache filling
-            samples.append({"request": i, "rss_mib": rss_mib(), "device_mib": device_mib(dev),
-                            "shapes_cached": len(cached), "shapes_seen": len(shapes_seen),
-                            "graphs_captured": sum(sy.engine.captures for sy in synths.values())})
-            print(f"{i + 1}/{args.requests} rss {samples[-1]['rss_mib']:.0f} MiB, shapes {len(cached)} cached / "
-                  f"{len(shapes_seen)} seen, errors {counts['unexpected_errors']}", flush=True)
+            samples.append(
+                {
+                    "request": i,
+                    "rss_mib": rss_mib(),
+                    "device_mib": device_mib(dev),
+                    "shapes_cached": len(cached),
+                    "shapes_seen": len(shapes_seen),
+                    "graphs_captured": sum(sy.engine.captures for sy in synths.values()),
+                }
+            )
+            print(
+                f"{i + 1}/{args.requests} rss {samples[-1]['rss_mib']:.0f} MiB, shapes {len(cached)} cached / "
+                f"{len(shapes_seen)} seen, errors {counts['unexpected_errors']}",
+                flush=True,
+            )
             # rewritten as it goes: a run killed by a time limit still leaves its record so far
-            out.write_text(json.dumps({"complete": False, "command": command, "requests": done, "counts": counts,
-                                       "memory_samples": samples, "failures": failures[:50]}, indent=1))
+            out.write_text(
+                json.dumps(
+                    {
+                        "complete": False,
+                        "command": command,
+                        "requests": done,
+                        "counts": counts,
+                        "memory_samples": samples,
+                        "failures": failures[:50],
+                    },
+                    indent=1,
+                )
+            )
         if last:
             break
     wall = time.perf_counter() - t_start
@@ -184,22 +234,53 @@ def main(argv=None) -> int:
     growth = steady[-1]["rss_mib"] - statistics.median(s["rss_mib"] for s in steady[: max(1, len(steady) // 4)])
     dev_growth = (steady[-1]["device_mib"] - steady[0]["device_mib"]) if dev.type == "cuda" else None
     result = {
-        "complete": True, "command": command,
-        "hardware": torch.cuda.get_device_name(dev) if dev.type == "cuda"
+        "complete": True,
+        "command": command,
+        "hardware": torch.cuda.get_device_name(dev)
+        if dev.type == "cuda"
         else f"{platform.machine()} CPU, {torch.get_num_threads()} threads",
-        "torch": torch.__version__, "model": args.model or "shipped voice", "precisions": list(synths),
+        "torch": torch.__version__,
+        "model": args.model or "shipped voice",
+        "precisions": list(synths),
         # cuDNN keeps a host-side plan per conv shape (the renders' random lengths), LRU-bounded by this variable
         "cudnn_plan_cache_limit": os.environ.get("TORCH_CUDNN_V8_API_LRU_CACHE_LIMIT", "10000 (default)"),
-        "requests": done, "requests_asked": args.requests, "wall_s": wall, "audio_s": audio_s, "counts": counts,
-        "deterministic_probe": deterministic, "rss_growth_mib_steady_state": growth,
-        "device_growth_mib": dev_growth, "device_memory_start": memory_at_start, "device_memory_end": memory_at_end,
-        "memory_samples": samples, "failures": failures[:50],
+        "requests": done,
+        "requests_asked": args.requests,
+        "wall_s": wall,
+        "audio_s": audio_s,
+        "counts": counts,
+        "deterministic_probe": deterministic,
+        "rss_growth_mib_steady_state": growth,
+        "device_growth_mib": dev_growth,
+        "device_memory_start": memory_at_start,
+        "device_memory_end": memory_at_end,
+        "memory_samples": samples,
+        "failures": failures[:50],
     }
     out.write_text(json.dumps(result, indent=1))
-    ok = (counts["unexpected_errors"] == 0 and counts["nan_in_audio"] == 0 and all(deterministic.values())
-          and counts["oom_recovered"] == counts["oom_provoked"])
-    print(json.dumps({k: result[k] for k in ("requests", "wall_s", "audio_s", "counts", "deterministic_probe",
-                                             "rss_growth_mib_steady_state", "device_growth_mib")}, indent=1))
+    ok = (
+        counts["unexpected_errors"] == 0
+        and counts["nan_in_audio"] == 0
+        and all(deterministic.values())
+        and counts["oom_recovered"] == counts["oom_provoked"]
+    )
+    print(
+        json.dumps(
+            {
+                k: result[k]
+                for k in (
+                    "requests",
+                    "wall_s",
+                    "audio_s",
+                    "counts",
+                    "deterministic_probe",
+                    "rss_growth_mib_steady_state",
+                    "device_growth_mib",
+                )
+            },
+            indent=1,
+        )
+    )
     return 0 if ok else 1
 
 

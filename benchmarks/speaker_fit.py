@@ -6,6 +6,7 @@ log-mel spectrum) to every espeak voice's own audio of those sentences.
 
     OMP_NUM_THREADS=1 python benchmarks/speaker_fit.py --out benchmarks/results/speaker_fit_cpu.json
 """
+
 from __future__ import annotations
 
 import argparse
@@ -55,16 +56,31 @@ def main() -> int:
         mean = {u: float(np.mean(d)) for u, d in dist.items()}
         ranked = sorted(mean, key=mean.get)
         cos = {k: round(float(n @ torch.from_numpy(vec)), 3) for k, n in named.items()}
-        rows.append({"espeak_voice": v, "trained_on": v in trained, "fit_seconds": round(fit_s, 1),
-                     "distance": {u: round(d, 2) for u, d in mean.items()}, "nearest": ranked[0],
-                     "rank_of_own_voice": ranked.index(v) + 1, "cosine_to_named_voices": cos})
+        rows.append(
+            {
+                "espeak_voice": v,
+                "trained_on": v in trained,
+                "fit_seconds": round(fit_s, 1),
+                "distance": {u: round(d, 2) for u, d in mean.items()},
+                "nearest": ranked[0],
+                "rank_of_own_voice": ranked.index(v) + 1,
+                "cosine_to_named_voices": cos,
+            }
+        )
         print(json.dumps(rows[-1]), flush=True)
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
-    report = {"command": "OMP_NUM_THREADS=1 python benchmarks/speaker_fit.py", "commit": commit,
-              "hardware": f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} torch thread(s), "
-                          "shared CPU", "sample": SAMPLE, "synthesized": OTHERS, "fit_steps": a.steps,
-              "distance": "L2 between mean voiced log-mel spectra (toolkit.voice.measure.mean_spectrum), mean over "
-                          "the synthesized sentences (seeds 0, 1)", "rows": rows}
+    report = {
+        "command": "OMP_NUM_THREADS=1 python benchmarks/speaker_fit.py",
+        "commit": commit,
+        "hardware": f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} torch thread(s), "
+        "shared CPU",
+        "sample": SAMPLE,
+        "synthesized": OTHERS,
+        "fit_steps": a.steps,
+        "distance": "L2 between mean voiced log-mel spectra (toolkit.voice.measure.mean_spectrum), mean over "
+        "the synthesized sentences (seeds 0, 1)",
+        "rows": rows,
+    }
     a.out.write_text(json.dumps(report, indent=1) + "\n")
     return 0
 

@@ -9,6 +9,7 @@ variant too (the audio that speaker learned from).
 
 Writes OUT.json (per sentence: what the ASR heard from the voice and from espeak) and OUT.md.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -45,8 +46,13 @@ def main(argv=None) -> int:
     records = load_text_set(a.set)[: a.limit]
     subset = Path(tempfile.mkdtemp(prefix="ttsq-intel-"))
     set_file = subset / "set.jsonl"
-    set_file.write_text("".join(json.dumps({"id": r.id, "text": r.text, "language": r.language,
-                                            "length": r.length, "speaker": r.speaker}) + "\n" for r in records))
+    set_file.write_text(
+        "".join(
+            json.dumps({"id": r.id, "text": r.text, "language": r.language, "length": r.length, "speaker": r.speaker})
+            + "\n"
+            for r in records
+        )
+    )
     synth = Synthesizer(a.model)
     t0 = time.perf_counter()
     audio_s = synth_s = 0.0
@@ -65,6 +71,7 @@ def main(argv=None) -> int:
         from asr_validation import SR, espeak
 
         from toolkit.voice.corpus import SPEAKERS
+
         variants = {"espeak-ng": ""}
         if SPEAKERS.get(a.speaker):
             variants[f"espeak-ng {SPEAKERS[a.speaker]}"] = SPEAKERS[a.speaker]
@@ -74,21 +81,35 @@ def main(argv=None) -> int:
             for r in records:
                 sf.write(ref / f"{r.id}.wav", espeak(r.text, variant), SR)
             rows[name] = score_folder(ref, set_file, dnsmos=False)
-    commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True,
-                            text=True).stdout.strip()
-    res = {"command": " ".join(["python", "benchmarks/voice_intelligibility.py", *(argv or sys.argv[1:])]),
-           "commit": commit, "hardware": f"{platform.machine()} CPU", "model": a.model or "shipped voice",
-           "speaker": a.speaker or "default", "records": len(records), "wall_s": time.perf_counter() - t0,
-           "rtf": synth_s / max(audio_s, 1e-9), "eos_rate": sum(eos) / len(eos), "scores": rows}
+    commit = subprocess.run(
+        ["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True
+    ).stdout.strip()
+    res = {
+        "command": " ".join(["python", "benchmarks/voice_intelligibility.py", *(argv or sys.argv[1:])]),
+        "commit": commit,
+        "hardware": f"{platform.machine()} CPU",
+        "model": a.model or "shipped voice",
+        "speaker": a.speaker or "default",
+        "records": len(records),
+        "wall_s": time.perf_counter() - t0,
+        "rtf": synth_s / max(audio_s, 1e-9),
+        "eos_rate": sum(eos) / len(eos),
+        "scores": rows,
+    }
     out = Path(a.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.with_suffix(".json").write_text(json.dumps(res, indent=2, ensure_ascii=False) + "\n")
     langs = [k for k in INTELLIGIBILITY if any(k in s["intelligibility"] for s in rows.values())]
-    lines = [f"# Intelligibility of {res['model']} ({res['speaker']} voice) on {Path(a.set).name}", "",
-             f"`{res['command']}` at commit {commit}, {res['hardware']}, {res['wall_s']:.0f} s; {len(records)} "
-             f"sentences, seed 0, ASR {voice['asr']['model']}. Pooled error rate [95% bootstrap CI over sentences]. "
-             f"Voice: EOS reached {res['eos_rate']:.0%}, synthesis RTF {res['rtf']:.3f}.", "",
-             "| audio | " + " | ".join(INTELLIGIBILITY[k] for k in langs) + " |", "|---|" + "---|" * len(langs)]
+    lines = [
+        f"# Intelligibility of {res['model']} ({res['speaker']} voice) on {Path(a.set).name}",
+        "",
+        f"`{res['command']}` at commit {commit}, {res['hardware']}, {res['wall_s']:.0f} s; {len(records)} "
+        f"sentences, seed 0, ASR {voice['asr']['model']}. Pooled error rate [95% bootstrap CI over sentences]. "
+        f"Voice: EOS reached {res['eos_rate']:.0%}, synthesis RTF {res['rtf']:.3f}.",
+        "",
+        "| audio | " + " | ".join(INTELLIGIBILITY[k] for k in langs) + " |",
+        "|---|" + "---|" * len(langs),
+    ]
     for name, s in rows.items():
         lines.append(f"| {name} | " + " | ".join(_fmt(s["intelligibility"].get(k), ".3f") for k in langs) + " |")
     out.with_suffix(".md").write_text("\n".join(lines) + "\n")

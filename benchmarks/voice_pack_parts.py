@@ -6,6 +6,7 @@ while the machine stays warm) and is joined there before training:
     python benchmarks/voice_pack_parts.py join runs/pack runs/pack_a runs/pack_b
 The joined pack equals the original array for array (tests/test_voice_pack_parts.py).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -23,7 +24,7 @@ RAGGED = (("ids", "ids_off"), ("codes", "codes_off"))
 
 
 def _ragged_slice(values: np.ndarray, off: np.ndarray, lo: int, hi: int):
-    return values[off[lo]: off[hi]], off[lo: hi + 1] - off[lo]
+    return values[off[lo] : off[hi]], off[lo : hi + 1] - off[lo]
 
 
 def subset(pack: dict, lo: int, hi: int) -> dict:
@@ -32,11 +33,11 @@ def subset(pack: dict, lo: int, hi: int) -> dict:
     for v, o in RAGGED:
         if v in pack:
             out[v], out[o] = _ragged_slice(pack[v], pack[o], lo, hi)
-    out["mel_off"] = pack["mel_off"][lo: hi + 1] - pack["mel_off"][lo]
+    out["mel_off"] = pack["mel_off"][lo : hi + 1] - pack["mel_off"][lo]
     has_mel_rows = len(pack["mel"]) == pack["mel_off"][-1]
-    out["mel"] = pack["mel"][pack["mel_off"][lo]: pack["mel_off"][hi]] if has_mel_rows else pack["mel"][:0]
+    out["mel"] = pack["mel"][pack["mel_off"][lo] : pack["mel_off"][hi]] if has_mel_rows else pack["mel"][:0]
     keep = [j for j, u in enumerate(pack["wav_utt"]) if lo <= u < hi]
-    parts = [pack["wav"][pack["wav_off"][j]: pack["wav_off"][j + 1]] for j in keep]
+    parts = [pack["wav"][pack["wav_off"][j] : pack["wav_off"][j + 1]] for j in keep]
     out["wav"] = np.concatenate(parts) if parts else pack["wav"][:0]
     out["wav_off"] = np.cumsum([0] + [len(p) for p in parts]).astype(pack["wav_off"].dtype)
     out["wav_utt"] = (pack["wav_utt"][keep] - lo).astype(pack["wav_utt"].dtype)

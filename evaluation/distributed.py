@@ -1,6 +1,7 @@
 """Evaluation across ranks (torchrun): the process group, length-aware sharding, gathering on rank 0.
 
 World size 1 needs no process group: `Dist()` is the single-process run, and `gather` hands back its own value."""
+
 from __future__ import annotations
 
 import heapq
@@ -59,18 +60,23 @@ def init_distributed(device: str | None = None) -> Dist:
     GPU, else the CPU (gloo). `device`: None (that choice), "cuda" (GPUs required) or "cpu"."""
     missing = [k for k in TORCHRUN_ENV if k not in os.environ]
     if missing:
-        raise RuntimeError(f"--distributed needs the environment torchrun sets ({', '.join(missing)} missing); "
-                           "launch with `torchrun --nproc-per-node N -m toolkit.cli evaluate ... --distributed`, "
-                           "or drop --distributed for a single process")
+        raise RuntimeError(
+            f"--distributed needs the environment torchrun sets ({', '.join(missing)} missing); "
+            "launch with `torchrun --nproc-per-node N -m toolkit.cli evaluate ... --distributed`, "
+            "or drop --distributed for a single process"
+        )
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     local, local_world = int(os.environ["LOCAL_RANK"]), int(os.environ["LOCAL_WORLD_SIZE"])
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     if device not in (None, "cpu", "cuda"):
-        raise RuntimeError(f"--device {device} with --distributed: pass --device cuda (rank r takes cuda:LOCAL_RANK) "
-                           "or --device cpu")
+        raise RuntimeError(
+            f"--device {device} with --distributed: pass --device cuda (rank r takes cuda:LOCAL_RANK) or --device cpu"
+        )
     if device == "cuda" and gpus < local_world:
-        raise RuntimeError(f"{local_world} ranks on this node but {gpus} CUDA device(s) visible; "
-                           f"use --nproc-per-node {gpus} or --device cpu")
+        raise RuntimeError(
+            f"{local_world} ranks on this node but {gpus} CUDA device(s) visible; "
+            f"use --nproc-per-node {gpus} or --device cpu"
+        )
     use_cuda = device != "cpu" and gpus >= local_world > 0
     dev = f"cuda:{local}" if use_cuda else "cpu"
     if use_cuda:

@@ -99,10 +99,7 @@ def _check_wav(wav: ArrayLike, name: str) -> FloatArray:
     """Return ``wav`` as a contiguous float64 1-D array or raise ValueError."""
     arr = np.asarray(wav)
     if arr.dtype.kind != "f":
-        raise ValueError(
-            f"{name} must hold floating-point samples (nominally in [-1, 1]), "
-            f"got dtype {arr.dtype}"
-        )
+        raise ValueError(f"{name} must hold floating-point samples (nominally in [-1, 1]), got dtype {arr.dtype}")
     if arr.ndim != 1:
         raise ValueError(f"{name} must be 1-D mono audio, got shape {arr.shape}")
     if arr.size == 0:
@@ -149,9 +146,7 @@ def _prepare(wav: ArrayLike, sr: int, target_sr: int, name: str) -> FloatArray:
     return resample(x, sr, target_sr) if sr != target_sr else x
 
 
-def _prepare_pair(
-    ref: ArrayLike, test: ArrayLike, sr: int, target_sr: int
-) -> tuple[FloatArray, FloatArray]:
+def _prepare_pair(ref: ArrayLike, test: ArrayLike, sr: int, target_sr: int) -> tuple[FloatArray, FloatArray]:
     """Validate, resample to ``target_sr`` and truncate both to the shorter."""
     r = _prepare(ref, sr, target_sr, "ref")
     t = _prepare(test, sr, target_sr, "test")
@@ -197,8 +192,7 @@ class MCDSettings:
             raise ValueError(f"order {self.order} must be < fft_size/2 ({n // 2})")
         if not math.isfinite(self.frame_shift_ms) or self.hop_samples < 1:
             raise ValueError(
-                f"frame_shift_ms={self.frame_shift_ms!r} gives a hop below one sample "
-                f"at {self.sample_rate} Hz"
+                f"frame_shift_ms={self.frame_shift_ms!r} gives a hop below one sample at {self.sample_rate} Hz"
             )
 
     @property
@@ -228,13 +222,12 @@ class MCDResult:
     align: Align = "dtw"
 
     def describe(self) -> str:
-        how = "DTW (Euclidean cost, steps (1,1),(1,0),(0,1))" if self.align == "dtw" else (
-            "frame index (truncated to the shorter)"
+        how = (
+            "DTW (Euclidean cost, steps (1,1),(1,0),(0,1))"
+            if self.align == "dtw"
+            else ("frame index (truncated to the shorter)")
         )
-        return (
-            f"{self.value_db:.3f} dB over {self.frames} frame pairs aligned by {how}; "
-            f"{self.settings.describe()}"
-        )
+        return f"{self.value_db:.3f} dB over {self.frames} frame pairs aligned by {how}; {self.settings.describe()}"
 
 
 def _import_pysptk() -> ModuleType:
@@ -270,13 +263,15 @@ def mel_cepstrum(wav: ArrayLike, sr: int, settings: MCDSettings = MCDSettings())
     for i in range(n_frames):
         try:
             out[i] = pysptk.mcep(
-                np.ascontiguousarray(windowed[i]), order=s.order, alpha=s.alpha,
-                etype=1, eps=_MCEP_EPS,
+                np.ascontiguousarray(windowed[i]),
+                order=s.order,
+                alpha=s.alpha,
+                etype=1,
+                eps=_MCEP_EPS,
             )
         except RuntimeError as exc:  # SPTK's iteration can fail on pathological frames
             raise ValueError(
-                f"mel-cepstral analysis failed at frame {i} "
-                f"({i * hop / s.sample_rate:.3f} s): {exc}"
+                f"mel-cepstral analysis failed at frame {i} ({i * hop / s.sample_rate:.3f} s): {exc}"
             ) from exc
     return out
 
@@ -437,9 +432,7 @@ def stoi(ref: ArrayLike, test: ArrayLike, sr: int, extended: bool = False) -> fl
         try:
             return float(_pystoi(r, t, sr, extended=extended))
         except RuntimeWarning as exc:
-            raise ValueError(
-                f"STOI: too little non-silent reference audio ({exc})"
-            ) from exc
+            raise ValueError(f"STOI: too little non-silent reference audio ({exc})") from exc
 
 
 @lru_cache(maxsize=4)

@@ -1,5 +1,6 @@
 """Scoring work spread over processes: the per-waveform analyses that dominate `ttsq evaluate`'s scoring time.
 Imports no torch, so the spawned workers start light."""
+
 from __future__ import annotations
 
 from typing import Callable
@@ -12,6 +13,7 @@ from . import metrics
 def cepstrum_or_error(args: tuple[np.ndarray, int]):
     """A waveform's mel-cepstra, or the ValueError's message (too short to analyse)."""
     from threadpoolctl import threadpool_limits
+
     with threadpool_limits(1, user_api="blas"):  # the same single-threaded sums as the main process
         try:
             return metrics.mel_cepstrum(*args)
@@ -36,6 +38,7 @@ def map_in_processes(fn: Callable, items: list, workers: int, progress: Callable
     else:
         import multiprocessing
         from concurrent.futures import ProcessPoolExecutor
+
         pool = ProcessPoolExecutor(min(workers, len(items)), mp_context=multiprocessing.get_context("spawn"))
         results = pool.map(fn, items)
     try:

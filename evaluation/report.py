@@ -1,5 +1,6 @@
 """Report writers: report.json (schema in evaluation/README.md), report.md, report.html with plots, WAVs.
 The GUI saves its comparisons through the same functions."""
+
 from __future__ import annotations
 
 import base64
@@ -7,7 +8,6 @@ import html
 import io
 import json
 from pathlib import Path
-
 
 
 def _fmt(stat: dict | None, spec: str = ".2f") -> str:
@@ -30,18 +30,22 @@ def asr_line(report: dict) -> str:
     if not a:
         return "Intelligibility not scored (no ASR: install the asr extra)."
     d = a["decoding"]
-    return (f"ASR: {a['model']} (faster-whisper {a['versions']['faster-whisper']}, {d['compute_type']}, beam "
-            f"{d['beam_size']}, temperature 0, language given; Mandarin prompted and with repetition penalty "
-            f"{d['zh_repetition_penalty']}), every seed; text normalised (numbers spelled, case, punctuation, "
-            "traditional to simplified). WER over words (en), CER over characters (zh), MER over Han characters "
-            "plus Latin words (mixed).")
+    return (
+        f"ASR: {a['model']} (faster-whisper {a['versions']['faster-whisper']}, {d['compute_type']}, beam "
+        f"{d['beam_size']}, temperature 0, language given; Mandarin prompted and with repetition penalty "
+        f"{d['zh_repetition_penalty']}), every seed; text normalised (numbers spelled, case, punctuation, "
+        "traditional to simplified). WER over words (en), CER over characters (zh), MER over Han characters "
+        "plus Latin words (mixed)."
+    )
 
 
 def markdown_table(report: dict) -> str:
     floor = report["noise_floor"]
     cols = intelligibility_columns(report)
     lines = [
-        "| precision | " + "".join(f"{INTELLIGIBILITY[c]} | " for c in cols) + ("ASR gap vs FP32 | " if cols else "")
+        "| precision | "
+        + "".join(f"{INTELLIGIBILITY[c]} | " for c in cols)
+        + ("ASR gap vs FP32 | " if cols else "")
         + "size MiB | RTF | steps/s | latency s | dec+voc MCD dB | PESQ-wb | GPT top-1 | GPT KL | "
         "e2e DTW-MCD dB | duration ratio | DNSMOS | within noise floor |",
         "|---|" + "---|" * (len(cols) + bool(cols)) + "---:|---:|---:|---:|---|---|---|---|---|---|---|:---:|",
@@ -51,12 +55,14 @@ def markdown_table(report: dict) -> str:
         heard = e.get("intelligibility") or {}
         gap = ("–" if name == "fp32" else _fmt(r.get("asr_gap_vs_fp32"), "+.3f")) if cols else None
         lines.append(
-            f"| {name} | " + "".join(f"{_fmt(heard.get(c), '.3f')} | " for c in cols)
-            + (f"{gap} | " if cols else "") +
-            f"{p['size_bytes'] / 2**20:.1f} | {p['rtf']:.3f} | {p['steps_per_s']:.0f} | "
+            f"| {name} | "
+            + "".join(f"{_fmt(heard.get(c), '.3f')} | " for c in cols)
+            + (f"{gap} | " if cols else "")
+            + f"{p['size_bytes'] / 2**20:.1f} | {p['rtf']:.3f} | {p['steps_per_s']:.0f} | "
             f"{p['latency_s']:.2f} | {_fmt(dv['mcd_db'])} | {_fmt(dv['pesq_wb'])} | {_fmt(g['top1_agreement'], '.3f')} | "
             f"{_fmt(g['kl_nats'], '.1e')} | {_fmt(e['dtw_mcd_db'])} | {_fmt(e['duration_ratio'])} | "
-            f"{_fmt(e['dnsmos_ovrl'])} | {'✓' if r['within_noise_floor'] else '✗'} |")
+            f"{_fmt(e['dnsmos_ovrl'])} | {'✓' if r['within_noise_floor'] else '✗'} |"
+        )
     lines += [
         "",
         f"Noise floor (FP32 seed {report['seeds'][1]} vs seed {report['seeds'][0]}): DTW-MCD "
@@ -75,12 +81,14 @@ def _png(fig) -> str:
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=90, bbox_inches="tight")
     import matplotlib.pyplot as plt
+
     plt.close(fig)
     return base64.b64encode(buf.getvalue()).decode()
 
 
 def _plots(report: dict, utts: dict) -> list[tuple[str, str]]:
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
@@ -100,8 +108,10 @@ def _plots(report: dict, utts: dict) -> list[tuple[str, str]]:
     out.append(("Latency versus quality (Pareto)", _png(fig)))
 
     fig, ax = plt.subplots(figsize=(7, 4))
-    data = [[v["dtw_mcd_db"] for v in report["precisions"][n]["per_sentence"].values() if v["dtw_mcd_db"] is not None]
-            for n in names]
+    data = [
+        [v["dtw_mcd_db"] for v in report["precisions"][n]["per_sentence"].values() if v["dtw_mcd_db"] is not None]
+        for n in names
+    ]
     ax.boxplot(data, tick_labels=names)
     floor = report["noise_floor"]["dtw_mcd_db"]
     if floor:
@@ -140,11 +150,13 @@ def heard_table(report: dict) -> str:
                 cells.append("<td>–</td>")
                 continue
             rate = (a["sub"] + a["dele"] + a["ins"]) / max(a["ref_tokens"], 1)
-            cells.append(f"<td>{html.escape(a['heard'])}<br><small>{rate:.2f} ({a['sub']} sub, {a['dele']} del, "
-                         f"{a['ins']} ins / {a['ref_tokens']})</small></td>")
+            cells.append(
+                f"<td>{html.escape(a['heard'])}<br><small>{rate:.2f} ({a['sub']} sub, {a['dele']} del, "
+                f"{a['ins']} ins / {a['ref_tokens']})</small></td>"
+            )
         text = report.get("texts", {}).get(rid, "")
         body.append(f"<tr><td>{html.escape(rid)}</td><td>{html.escape(text)}</td>{''.join(cells)}</tr>")
-    return (f"<h2>What the ASR heard (seed {report['seeds'][0]})</h2><table>{head}{''.join(body)}</table>")
+    return f"<h2>What the ASR heard (seed {report['seeds'][0]})</h2><table>{head}{''.join(body)}</table>"
 
 
 def write_report(report: dict, utts: dict, out: str | Path) -> Path:
@@ -162,14 +174,20 @@ def write_report(report: dict, utts: dict, out: str | Path) -> Path:
     (out / "report.json").write_text(json.dumps(report, indent=2, ensure_ascii=False, default=float) + "\n")
     table = markdown_table(report)
     (out / "report.md").write_text(f"# ttsq evaluation\n\n{table}\n")
-    figures = "".join(f"<h2>{html.escape(t)}</h2><img src='data:image/png;base64,{b}'/>" for t, b in _plots(report, utts))
-    rows = "".join(f"<tr>{''.join(f'<td>{html.escape(c.strip())}</td>' for c in line.strip('|').split('|'))}</tr>"
-                   for line in table.splitlines()[:1] + table.splitlines()[2:] if line.startswith("|"))
+    figures = "".join(
+        f"<h2>{html.escape(t)}</h2><img src='data:image/png;base64,{b}'/>" for t, b in _plots(report, utts)
+    )
+    rows = "".join(
+        f"<tr>{''.join(f'<td>{html.escape(c.strip())}</td>' for c in line.strip('|').split('|'))}</tr>"
+        for line in table.splitlines()[:1] + table.splitlines()[2:]
+        if line.startswith("|")
+    )
     notes = "".join(f"<p>{html.escape(line)}</p>" for line in table.splitlines() if line and not line.startswith("|"))
     notes += heard_table(report)
     (out / "report.html").write_text(
         "<!doctype html><meta charset='utf-8'><title>ttsq evaluation</title>"
         "<style>body{font-family:sans-serif;margin:2em}td{border:1px solid #ccc;padding:4px 8px}"
         "table{border-collapse:collapse}img{max-width:100%}</style>"
-        f"<h1>ttsq evaluation</h1><table>{rows}</table>{notes}{figures}")
+        f"<h1>ttsq evaluation</h1><table>{rows}</table>{notes}{figures}"
+    )
     return out

@@ -10,6 +10,7 @@ Stages (each compared with FP32 on identical inputs where it can be):
 Texts are synthesized in fixed work units (batches); under torchrun (`--distributed`) the ranks share the units out,
 score what they made, and rank 0 gathers the per-record scores into the same report (evaluation/distributed.py).
 """
+
 from __future__ import annotations
 
 import math
@@ -33,7 +34,6 @@ from toolkit.textsets import TextRecord, load_text_set, set_hash
 from . import asr, metrics, textnorm
 from .distributed import Dist, shard
 from .pool import cepstrum_or_error, dnsmos_overall, map_in_processes
-
 
 TEXT_SET = dict(control_tokens=True)  # text sets write [laugh], [uv_break], ... as controls (calibration_sets/README)
 
@@ -93,6 +93,7 @@ def speaker_of(synth: Synthesizer, label: str):
 class WorkUnit:
     """Records synthesized together as one call, for every precision and seed. A record's audio depends on the batch
     it is in and the batch's seed, so ranks share out whole units, never single records."""
+
     speaker: str
     ids: tuple[str, ...]
     seed_offset: int
@@ -109,23 +110,34 @@ def work_units(records: list[TextRecord], batch_size: int) -> list[WorkUnit]:
     for label, recs in sorted(groups.items()):
         recs = sorted(recs, key=lambda r: expected_seconds(r.text))
         for k in range(0, len(recs), batch_size):
-            chunk = recs[k: k + batch_size]
+            chunk = recs[k : k + batch_size]
             units.append(WorkUnit(label, tuple(r.id for r in chunk), k, sum(expected_seconds(r.text) for r in chunk)))
     return units
 
 
-def synthesize_units(run: PrecisionRun, units: list[WorkUnit], by_id: dict[str, TextRecord], seed: int,
-                     params: SamplingParams, batch_size: int) -> dict[str, Utterance]:
+def synthesize_units(
+    run: PrecisionRun,
+    units: list[WorkUnit],
+    by_id: dict[str, TextRecord],
+    seed: int,
+    params: SamplingParams,
+    batch_size: int,
+) -> dict[str, Utterance]:
     out: dict[str, Utterance] = {}
     for u in units:
-        utts = run.synth.synthesize([by_id[i].text for i in u.ids], speaker=speaker_of(run.synth, u.speaker),
-                                    seed=seed + u.seed_offset, params=params, batch_size=batch_size, **TEXT_SET)
+        utts = run.synth.synthesize(
+            [by_id[i].text for i in u.ids],
+            speaker=speaker_of(run.synth, u.speaker),
+            seed=seed + u.seed_offset,
+            params=params,
+            batch_size=batch_size,
+            **TEXT_SET,
+        )
         out.update(zip(u.ids, utts))
     return out
 
 
-def measure_performance(run: PrecisionRun, records: list[TextRecord], cfg: EvalConfig,
-                        params: SamplingParams) -> dict:
+def measure_performance(run: PrecisionRun, records: list[TextRecord], cfg: EvalConfig, params: SamplingParams) -> dict:
     """Warm-up excluded; medians over repeats, at batch 1, on the first few records."""
     synth = run.synth
     probe = records[: min(2, len(records))]
@@ -160,16 +172,21 @@ def measure_performance(run: PrecisionRun, records: list[TextRecord], cfg: EvalC
         audio_s = sum(u.duration for u in run_batch())  # also warms up this batch size's buffers and graphs
         throughput[str(b)] = statistics.median(audio_s / timed(run_batch, synth.device) for _ in range(cfg.repeats))
     perf = {
-        "latency_s": statistics.median(lat), "rtf": statistics.median(rtf), "steps_per_s": statistics.median(sps),
+        "latency_s": statistics.median(lat),
+        "rtf": statistics.median(rtf),
+        "steps_per_s": statistics.median(sps),
         "time_to_first_audio_s": statistics.median(first),
         "stage_latency_s": {k: statistics.median(v) for k, v in stage.items()},
-        "throughput_audio_s_per_s": throughput, "size_bytes": run.size_bytes,
-        "peak_gpu_bytes_torch": None, "peak_gpu_bytes_nvml": None,
+        "throughput_audio_s_per_s": throughput,
+        "size_bytes": run.size_bytes,
+        "peak_gpu_bytes_torch": None,
+        "peak_gpu_bytes_nvml": None,
     }
     if synth.device.type == "cuda":
         perf["peak_gpu_bytes_torch"] = torch.cuda.max_memory_allocated(synth.device)
         try:
             import pynvml
+
             pynvml.nvmlInit()
             h = pynvml.nvmlDeviceGetHandleByIndex(synth.device.index or 0)
             perf["peak_gpu_bytes_nvml"] = pynvml.nvmlDeviceGetMemoryInfo(h).used
@@ -194,8 +211,9 @@ class Cepstra:
             raise ValueError(hit[1])
         return hit[1]
 
-    def prefetch(self, wavs: list[np.ndarray], workers: int,
-                 progress: Callable[[int, int], None] | None = None) -> None:
+    def prefetch(
+        self, wavs: list[np.ndarray], workers: int, progress: Callable[[int, int], None] | None = None
+    ) -> None:
         """Compute the cepstra of `wavs` in `workers` processes now (with 1, leave them to be computed on use)."""
         if workers <= 1:
             return
@@ -243,6 +261,7 @@ GPT_METRICS = ("top1_agreement", "kl_nats")
 # Scores are kept per record (a list per segment for the stage-wise ones) so that each rank scores what it
 # synthesized; the CIs are taken once, over every record in text-set order (`pool`, `summarize`).
 
+
 def stage_decoder(ref_wavs: dict, wavs: dict, cep: Cepstra, ids) -> dict:
     """ref_wavs, wavs: {(record id, segment): FP32's and this precision's Decoder+Vocos audio on the same GPT states}
     -> {record id: {metric: [one value per segment]}} for every id in `ids`"""
@@ -283,12 +302,17 @@ def load_transcriber(cfg: EvalConfig) -> asr.Transcriber | None:
         if cfg.asr_model:
             raise
         import warnings
+
         warnings.warn(f"intelligibility not scored: {e}")
         return None
 
 
-def transcribe(transcriber: asr.Transcriber, runs: list[PrecisionRun], records: dict[str, TextRecord],
-               progress: Callable[[int, int], None] | None = None) -> dict[str, dict[str, list[dict]]]:
+def transcribe(
+    transcriber: asr.Transcriber,
+    runs: list[PrecisionRun],
+    records: dict[str, TextRecord],
+    progress: Callable[[int, int], None] | None = None,
+) -> dict[str, dict[str, list[dict]]]:
     """-> {precision: {record id: [one row per seed: what the ASR heard and its edit operations]}}"""
     items = [(run, s, rid, u) for run in runs for s, by in run.utts.items() for rid, u in by.items()]
     out: dict[str, dict[str, list[dict]]] = {}
@@ -303,12 +327,21 @@ def transcribe(transcriber: asr.Transcriber, runs: list[PrecisionRun], records: 
 
 def asr_counts(rows: dict[str, dict], order: list[str]) -> list[asr.ErrorCount]:
     """Every record's per-seed ASR rows (from per_sentence) as ErrorCounts, in `order`."""
-    return [asr.ErrorCount(**{k: v for k, v in a.items() if k != "heard"})
-            for rid in order for a in rows[rid].get("asr") or []]
+    return [
+        asr.ErrorCount(**{k: v for k, v in a.items() if k != "heard"})
+        for rid in order
+        for a in rows[rid].get("asr") or []
+    ]
 
 
-def end_to_end(ref: PrecisionRun, run: PrecisionRun, seeds, cep: Cepstra, mos: dict[str, float | None] | None,
-               heard: dict[str, list[dict]] | None) -> dict:
+def end_to_end(
+    ref: PrecisionRun,
+    run: PrecisionRun,
+    seeds,
+    cep: Cepstra,
+    mos: dict[str, float | None] | None,
+    heard: dict[str, list[dict]] | None,
+) -> dict:
     """mos: {record id: DNSMOS OVRL of this precision's first-seed audio} (None: not scored);
     heard: {record id: [ASR row per seed]} (None: not scored) -> {record id: the per_sentence row}"""
     per_sentence = {}
@@ -319,19 +352,27 @@ def end_to_end(ref: PrecisionRun, run: PrecisionRun, seeds, cep: Cepstra, mos: d
         q = mos[rid] if mos is not None else None
         if run is ref:  # FP32 against itself is 0 by construction; its spread comes from the noise floor
             m = [0.0]
-        per_sentence[rid] = {"dtw_mcd_db": float(np.mean(m)) if m else None, "duration_ratio": float(np.mean(d)),
-                             "dnsmos_ovrl": q, "steps": run.utts[seeds[0]][rid].steps,
-                             "hit_limit": run.utts[seeds[0]][rid].hit_limit,
-                             "asr": heard[rid] if heard is not None else None}
+        per_sentence[rid] = {
+            "dtw_mcd_db": float(np.mean(m)) if m else None,
+            "duration_ratio": float(np.mean(d)),
+            "dnsmos_ovrl": q,
+            "steps": run.utts[seeds[0]][rid].steps,
+            "hit_limit": run.utts[seeds[0]][rid].hit_limit,
+            "asr": heard[rid] if heard is not None else None,
+        }
     return per_sentence
 
 
 def floor_rows(ref: PrecisionRun, seeds, cep: Cepstra) -> dict[str, dict]:
     """FP32 at seed[1] against FP32 at seed[0], per record: sampling noise alone."""
     s0, s1 = seeds[0], seeds[1]
-    return {rid: {"dtw_mcd_db": cep.mcd(ref.utts[s0][rid].wav, ref.utts[s1][rid].wav),
-                  "duration_ratio": ref.utts[s1][rid].duration / max(ref.utts[s0][rid].duration, 1e-9)}
-            for rid in ref.utts[s0]}
+    return {
+        rid: {
+            "dtw_mcd_db": cep.mcd(ref.utts[s0][rid].wav, ref.utts[s1][rid].wav),
+            "duration_ratio": ref.utts[s1][rid].duration / max(ref.utts[s0][rid].duration, 1e-9),
+        }
+        for rid in ref.utts[s0]
+    }
 
 
 def pool(rows: dict[str, dict], order: list[str], key: str) -> list:
@@ -359,8 +400,10 @@ def floor_verdict(pairs: list[tuple[float, float]], is_reference: bool) -> dict:
     if is_reference or not pairs:
         return {"within_noise_floor": is_reference}
     diff = metrics.bootstrap_diff_ci([a for a, _ in pairs], [b for _, b in pairs])
-    return {"gap_vs_noise_floor_db": {"mean": diff[0], "lo": diff[1], "hi": diff[2]},
-            "within_noise_floor": diff[1] <= 0.0}
+    return {
+        "gap_vs_noise_floor_db": {"mean": diff[0], "lo": diff[1], "hi": diff[2]},
+        "within_noise_floor": diff[1] <= 0.0,
+    }
 
 
 def asr_verdict(per_sentence: dict, ref_per_sentence: dict, order: list[str], is_reference: bool) -> dict:
@@ -373,8 +416,13 @@ def asr_verdict(per_sentence: dict, ref_per_sentence: dict, order: list[str], is
     return {"asr_gap_vs_fp32": gap} if gap else {}
 
 
-def summarize(scores: dict[str, dict], floor: dict[str, dict], order: list[str], is_reference: bool,
-              ref_scores: dict | None = None) -> dict:
+def summarize(
+    scores: dict[str, dict],
+    floor: dict[str, dict],
+    order: list[str],
+    is_reference: bool,
+    ref_scores: dict | None = None,
+) -> dict:
     """One precision's stage CIs and noise-floor verdict from its per-record scores (ref_scores: FP32's)."""
     per_sentence = {rid: scores["end_to_end"][rid] for rid in order}
     e2e = {k: ci(pool(per_sentence, order, k)) for k in ("dtw_mcd_db", "duration_ratio", "dnsmos_ovrl")}
@@ -383,10 +431,14 @@ def summarize(scores: dict[str, dict], floor: dict[str, dict], order: list[str],
     res = {
         "decoder_vocoder": {k: ci(pool(scores["decoder_vocoder"], order, k)) for k in DECODER_METRICS},
         "gpt_teacher_forced": {k: ci(pool(scores["gpt_teacher_forced"], order, k)) for k in GPT_METRICS},
-        "end_to_end": e2e, "per_sentence": per_sentence,
+        "end_to_end": e2e,
+        "per_sentence": per_sentence,
     }
-    pairs = [(per_sentence[r]["dtw_mcd_db"], floor[r]["dtw_mcd_db"]) for r in order
-             if per_sentence[r]["dtw_mcd_db"] is not None and floor[r]["dtw_mcd_db"] is not None]
+    pairs = [
+        (per_sentence[r]["dtw_mcd_db"], floor[r]["dtw_mcd_db"])
+        for r in order
+        if per_sentence[r]["dtw_mcd_db"] is not None and floor[r]["dtw_mcd_db"] is not None
+    ]
     verdict = floor_verdict(pairs, is_reference)
     if ref_scores is not None:
         verdict.update(asr_verdict(per_sentence, ref_scores["end_to_end"], order, is_reference))
@@ -400,8 +452,9 @@ def _merge(parts: list[dict]) -> dict:
     return {rid: v for p in parts for rid, v in p.items()}
 
 
-def run_evaluation(cfg: EvalConfig, progress: Callable[[str, int, int], None] | None = None,
-                   dist: Dist | None = None) -> tuple[dict, dict] | tuple[None, None]:
+def run_evaluation(
+    cfg: EvalConfig, progress: Callable[[str, int, int], None] | None = None, dist: Dist | None = None
+) -> tuple[dict, dict] | tuple[None, None]:
     """-> (report dict, {precision: {seed: {id: Utterance}}}) ; writes nothing.
     With `dist` (torchrun), each rank synthesizes and scores its shard of work units and gets (None, None); rank 0
     gathers the per-record scores and audio, takes the CIs over all records, and times each precision alone."""
@@ -439,14 +492,24 @@ def run_evaluation(cfg: EvalConfig, progress: Callable[[str, int, int], None] | 
     decoded = {run.name: ref_wavs if run is ref else decode_segments(run, ref_utts) for run in runs}
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)  # not on macOS
     workers = cfg.workers or max(1, cores // dist.world_size)
-    cep.prefetch([*ref_wavs.values(), *(w for run in runs if run is not ref for w in decoded[run.name].values()),
-                  *(u.wav for run in runs for by in run.utts.values() for u in by.values())],
-                 workers, (lambda i, n: progress("cepstra", i, n)) if progress else None)
+    cep.prefetch(
+        [
+            *ref_wavs.values(),
+            *(w for run in runs if run is not ref for w in decoded[run.name].values()),
+            *(u.wav for run in runs for by in run.utts.values() for u in by.values()),
+        ],
+        workers,
+        (lambda i, n: progress("cepstra", i, n)) if progress else None,
+    )
     mos = {}
     if cfg.dnsmos:
         first = [(run.name, rid, u.wav) for run in runs for rid, u in run.utts[cfg.seeds[0]].items()]
-        values = map_in_processes(dnsmos_overall, [(w, cep.sr) for _, _, w in first], workers,
-                                  (lambda i, n: progress("dnsmos", i, n)) if progress else None)
+        values = map_in_processes(
+            dnsmos_overall,
+            [(w, cep.sr) for _, _, w in first],
+            workers,
+            (lambda i, n: progress("dnsmos", i, n)) if progress else None,
+        )
         for (name, rid, _), q in zip(first, values):
             mos.setdefault(name, {})[rid] = q
     heard = {}
@@ -457,24 +520,36 @@ def run_evaluation(cfg: EvalConfig, progress: Callable[[str, int, int], None] | 
     # numpy's BLAS sums in an order that depends on its thread count, which torchrun sets to 1 per rank: one
     # thread everywhere keeps the scores of a sharded run equal to a single process's
     from threadpoolctl import threadpool_limits  # comes with librosa (the eval extra)
+
     with threadpool_limits(1, user_api="blas"):
         for i, run in enumerate(runs):
             if progress:
                 progress("score", i, len(runs))
-            scores[run.name] = {"decoder_vocoder": stage_decoder(ref_wavs, decoded[run.name], cep, ref_utts),
-                                "gpt_teacher_forced": stage_gpt(ref, run, ref_utts, by_id),
-                                "end_to_end": end_to_end(ref, run, cfg.seeds, cep, mos.get(run.name),
-                                                         heard.get(run.name) if transcriber else None)}
+            scores[run.name] = {
+                "decoder_vocoder": stage_decoder(ref_wavs, decoded[run.name], cep, ref_utts),
+                "gpt_teacher_forced": stage_gpt(ref, run, ref_utts, by_id),
+                "end_to_end": end_to_end(
+                    ref, run, cfg.seeds, cep, mos.get(run.name), heard.get(run.name) if transcriber else None
+                ),
+            }
         floor = floor_rows(ref, cfg.seeds, cep)
     if progress:
         progress("score", len(runs), len(runs))
     part = {
-        "scores": scores, "floor": floor,
+        "scores": scores,
+        "floor": floor,
         # audio for the WAVs and plots; GPT codes and states stay where they were made
-        "utts": {r.name: {s: {rid: replace(u, segments=[]) for rid, u in by.items()} for s, by in r.utts.items()}
-                 for r in runs},
-        "shard": {"device": str(ref.synth.device), "units": len(mine), "records": sum(len(u.ids) for u in mine),
-                  "expected_audio_s": sum(u.expected_s for u in mine), "wall_s": time.perf_counter() - t0},
+        "utts": {
+            r.name: {s: {rid: replace(u, segments=[]) for rid, u in by.items()} for s, by in r.utts.items()}
+            for r in runs
+        },
+        "shard": {
+            "device": str(ref.synth.device),
+            "units": len(mine),
+            "records": sum(len(u.ids) for u in mine),
+            "expected_audio_s": sum(u.expected_s for u in mine),
+            "wall_s": time.perf_counter() - t0,
+        },
     }
     parts = dist.gather(part)
     if parts is None:
@@ -483,14 +558,19 @@ def run_evaluation(cfg: EvalConfig, progress: Callable[[str, int, int], None] | 
     floor = _merge([p["floor"] for p in parts])
     floor_ci = floor_cis(floor, order)
     results: dict[str, dict] = {}
-    merged = {run.name: {stage: _merge([p["scores"][run.name][stage] for p in parts]) for stage in scores[run.name]}
-              for run in runs}
+    merged = {
+        run.name: {stage: _merge([p["scores"][run.name][stage] for p in parts]) for stage in scores[run.name]}
+        for run in runs
+    }
     for i, run in enumerate(runs):  # timed on rank 0 alone, after every rank is done
         if progress:
             progress("time", i, len(runs))
-        results[run.name] = {"precision": run.name, "recipe": getattr(run.synth, "precision", run.name),
-                             "performance": measure_performance(run, records, cfg, params),
-                             **summarize(merged[run.name], floor, order, run is ref, merged[ref.name])}
+        results[run.name] = {
+            "precision": run.name,
+            "recipe": getattr(run.synth, "precision", run.name),
+            "performance": measure_performance(run, records, cfg, params),
+            **summarize(merged[run.name], floor, order, run is ref, merged[ref.name]),
+        }
     if progress:
         progress("time", len(runs), len(runs))
     utts = {}
@@ -499,14 +579,17 @@ def run_evaluation(cfg: EvalConfig, progress: Callable[[str, int, int], None] | 
             by_id = _merge([p["utts"][r.name][s] for p in parts])
             utts.setdefault(r.name, {})[s] = {rid: by_id[rid] for rid in order}
     import platform
+
     report = {
         "schema": "ttsq-eval/1",
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "model": cfg.model or "shipped voice",
         "text_set": {"file": cfg.text_set, "sha256": set_hash(cfg.text_set), "records": len(records)},
         "texts": {r.id: r.text for r in records},
-        "seeds": list(cfg.seeds), "device": str(ref.synth.device),
-        "hardware": torch.cuda.get_device_name(ref.synth.device) if ref.synth.device.type == "cuda"
+        "seeds": list(cfg.seeds),
+        "device": str(ref.synth.device),
+        "hardware": torch.cuda.get_device_name(ref.synth.device)
+        if ref.synth.device.type == "cuda"
         else f"{platform.processor() or platform.machine()} ({torch.get_num_threads()} threads)",
         "versions": {"torch": torch.__version__},
         "mcd_settings": metrics.MCDSettings().describe(),

@@ -7,6 +7,7 @@ A record's audio is DIR/ID.wav, or every DIR/ID_seed*.wav (the layout of `ttsq e
 Reported: intelligibility (WER en, CER zh, MER mixed: pooled, with a 95% bootstrap CI over utterances), DNSMOS
 OVRL, seconds of audio, and what the ASR heard for each file.
 """
+
 from __future__ import annotations
 
 import json
@@ -21,8 +22,9 @@ def find_wavs(folder: Path, rid: str) -> list[Path]:
     return [exact] if exact.is_file() else sorted(folder.glob(f"{rid}_seed*.wav"))
 
 
-def score_folder(wavs: str | Path, text_set: str | Path, asr_model: str | None = None, dnsmos: bool = True,
-                 progress=None) -> dict:
+def score_folder(
+    wavs: str | Path, text_set: str | Path, asr_model: str | None = None, dnsmos: bool = True, progress=None
+) -> dict:
     """-> {"asr": settings, "intelligibility": {wer|cer|mer: CI}, "dnsmos_ovrl": CI|None, "files": [...]}"""
     import soundfile as sf
 
@@ -38,8 +40,10 @@ def score_folder(wavs: str | Path, text_set: str | Path, asr_model: str | None =
     found = {r.id: find_wavs(folder, r.id) for r in records}
     missing = [rid for rid, paths in found.items() if not paths]
     if len(missing) == len(records):
-        raise FileNotFoundError(f"none of the {len(records)} records of {text_set} has audio in {folder} "
-                                f"(expected ID.wav or ID_seedN.wav, e.g. {records[0].id}.wav)")
+        raise FileNotFoundError(
+            f"none of the {len(records)} records of {text_set} has audio in {folder} "
+            f"(expected ID.wav or ID_seedN.wav, e.g. {records[0].id}.wav)"
+        )
     transcriber = asr.Transcriber(asr_model)
     rows, counts, mos = [], [], []
     todo = [(r, p) for r in records for p in found[r.id]]
@@ -59,19 +63,36 @@ def score_folder(wavs: str | Path, text_set: str | Path, asr_model: str | None =
                 pass
         counts.append(e)
         mos.append(q)
-        rows.append({"id": r.id, "file": path.name, "text": r.text, "heard": heard, "rate": e.rate,
-                     "seconds": len(wav) / sr, "dnsmos_ovrl": q,
-                     **{k: v for k, v in e.__dict__.items()}})
+        rows.append(
+            {
+                "id": r.id,
+                "file": path.name,
+                "text": r.text,
+                "heard": heard,
+                "rate": e.rate,
+                "seconds": len(wav) / sr,
+                "dnsmos_ovrl": q,
+                **{k: v for k, v in e.__dict__.items()},
+            }
+        )
         if progress:
             progress(i + 1, len(todo))
-    return {"schema": "ttsq-score/1", "wavs": str(folder), "text_set": str(text_set), "asr": transcriber.settings(),
-            "missing": missing, "intelligibility": asr.by_language(counts),
-            "dnsmos_ovrl": ci([q for q in mos if q is not None]),
-            "seconds": float(np.sum([r["seconds"] for r in rows])), "files": rows}
+    return {
+        "schema": "ttsq-score/1",
+        "wavs": str(folder),
+        "text_set": str(text_set),
+        "asr": transcriber.settings(),
+        "missing": missing,
+        "intelligibility": asr.by_language(counts),
+        "dnsmos_ovrl": ci([q for q in mos if q is not None]),
+        "seconds": float(np.sum([r["seconds"] for r in rows])),
+        "files": rows,
+    }
 
 
 def summary(res: dict) -> str:
     from .report import INTELLIGIBILITY, _fmt
+
     lines = ["| metric | value [95% CI] | utterances |", "|---|---|---:|"]
     for k, name in INTELLIGIBILITY.items():
         if k in res["intelligibility"]:
@@ -79,8 +100,10 @@ def summary(res: dict) -> str:
             lines.append(f"| {name} | {_fmt(c, '.3f')} | {c['n']} |")
     if res["dnsmos_ovrl"]:
         lines.append(f"| DNSMOS OVRL | {_fmt(res['dnsmos_ovrl'])} | {res['dnsmos_ovrl']['n']} |")
-    lines.append(f"\nASR: {res['asr']['model']}; {len(res['files'])} files, {res['seconds']:.1f} s of audio"
-                 + (f"; no audio for {len(res['missing'])} records" if res["missing"] else ""))
+    lines.append(
+        f"\nASR: {res['asr']['model']}; {len(res['files'])} files, {res['seconds']:.1f} s of audio"
+        + (f"; no audio for {len(res['missing'])} records" if res["missing"] else "")
+    )
     return "\n".join(lines)
 
 
@@ -92,6 +115,7 @@ def add_score_parser(sub) -> None:
     s.add_argument("--no-dnsmos", action="store_true", help="skip DNSMOS")
     s.add_argument("--force", action="store_true", help="overwrite an existing --out file")
     from .cli import add_asr_options
+
     add_asr_options(s)
     s.set_defaults(func=run_from_args)
 
@@ -103,6 +127,7 @@ def run_from_args(a) -> int:
     if out is not None and out.exists() and not a.force:
         raise FileExistsError(f"{out} already exists; pass --force or choose another --out")
     from toolkit.progress import progress_bar
+
     res = score_folder(a.wavs, a.set, a.asr_model, dnsmos=not a.no_dnsmos, progress=progress_bar("score"))
     if out is not None:
         out.parent.mkdir(parents=True, exist_ok=True)

@@ -12,6 +12,7 @@ function, so "7" and "seven", "Seven," and "seven", 發 and 发 count as equal.
 
 Needs num2words, cn2an and opencc (`pip install ttsq[asr]`), imported on first use.
 """
+
 from __future__ import annotations
 
 import re
@@ -24,13 +25,32 @@ Language = Literal["en", "zh", "mixed"]
 _HAN = r"\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff"
 _HAN_RE = re.compile(f"[{_HAN}]")
 _LATIN_WORD_RE = re.compile(r"[a-z0-9]+(?:'[a-z]+)?")
-_ABBREVIATIONS = {"mr": "mister", "mrs": "missus", "ms": "miss", "dr": "doctor", "st": "saint", "vs": "versus",
-                  "etc": "et cetera"}
-_SYMBOLS = {"&": " and ", "%": " percent ", "+": " plus ", "=": " equals ", "@": " at ", "°c": " degrees celsius ",
-            "°f": " degrees fahrenheit ", "°": " degrees "}
+_ABBREVIATIONS = {
+    "mr": "mister",
+    "mrs": "missus",
+    "ms": "miss",
+    "dr": "doctor",
+    "st": "saint",
+    "vs": "versus",
+    "etc": "et cetera",
+}
+_SYMBOLS = {
+    "&": " and ",
+    "%": " percent ",
+    "+": " plus ",
+    "=": " equals ",
+    "@": " at ",
+    "°c": " degrees celsius ",
+    "°f": " degrees fahrenheit ",
+    "°": " degrees ",
+}
 CONTROL_RE = re.compile(r"\[[a-z_]+(?:_\d+)?\]")  # ChatTTS controls ([uv_break], [laugh_0]): not spoken words
-_CURRENCY = {"$": ("dollars", "dollar", "cents"), "€": ("euros", "euro", "cents"), "£": ("pounds", "pound", "pence"),
-             "¥": ("yuan", "yuan", "")}
+_CURRENCY = {
+    "$": ("dollars", "dollar", "cents"),
+    "€": ("euros", "euro", "cents"),
+    "£": ("pounds", "pound", "pence"),
+    "¥": ("yuan", "yuan", ""),
+}
 
 
 def language_of(text: str) -> Language:

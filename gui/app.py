@@ -1,4 +1,5 @@
 """Entry point: `python -m gui` or `ttsq gui`."""
+
 from __future__ import annotations
 
 import argparse

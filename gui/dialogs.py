@@ -1,13 +1,27 @@
 """Quantize and Export dialogs: `toolkit.quantize_job.quantize_to_artifact` and `toolkit.export.export_onnx`,
 each in a worker thread with progress and a clear error."""
+
 from __future__ import annotations
 
 from pathlib import Path
 
 from PySide6.QtCore import Qt, Signal
-from PySide6.QtWidgets import (QCheckBox, QComboBox, QDialog, QDialogButtonBox, QFileDialog, QFormLayout,
-                               QHBoxLayout, QLabel, QLineEdit, QProgressBar, QPushButton, QSpinBox, QVBoxLayout,
-                               QWidget)
+from PySide6.QtWidgets import (
+    QCheckBox,
+    QComboBox,
+    QDialog,
+    QDialogButtonBox,
+    QFileDialog,
+    QFormLayout,
+    QHBoxLayout,
+    QLabel,
+    QLineEdit,
+    QProgressBar,
+    QPushButton,
+    QSpinBox,
+    QVBoxLayout,
+    QWidget,
+)
 
 from . import workers
 from .messages import for_gui
@@ -35,10 +49,17 @@ def calibration_sets() -> list[Path]:
 def evaluation_set_named(path: str | Path) -> str | None:
     """The shipped evaluation set whose texts `path` holds (same content), or None."""
     from toolkit.textsets import set_hash
+
     try:
         digest = set_hash(path)
-        return next((f.name for f in sorted(CALIB_DIR.glob("*.jsonl"))
-                     if f not in calibration_sets() and set_hash(f) == digest), None)
+        return next(
+            (
+                f.name
+                for f in sorted(CALIB_DIR.glob("*.jsonl"))
+                if f not in calibration_sets() and set_hash(f) == digest
+            ),
+            None,
+        )
     except (OSError, ValueError):
         return None
 
@@ -52,6 +73,7 @@ def default_out(folder: str, model: str | None, suffix: str) -> str:
 class _JobDialog(QDialog):
     """A form, a Run button, the stages with a progress bar and each stage's time or ETA, Cancel/Close; the call
     runs in a Worker. Subclasses set `out_folder` and `out_suffix()` for the default output folder name."""
+
     produced = Signal(str)  # the folder written
     action = "Run"
     out_folder = "out"
@@ -119,9 +141,11 @@ class _JobDialog(QDialog):
         taken = evaluation_set_named(path)
         if taken:
             self.calib.setCurrentIndex(0)
-            self.stage.setText(f"{Path(path).name} holds the texts of {taken}, which evaluation scores: calibrating on "
-                               "it would make the quantized model look better than it is. Pick calib.jsonl or "
-                               "texts of your own.")
+            self.stage.setText(
+                f"{Path(path).name} holds the texts of {taken}, which evaluation scores: calibrating on "
+                "it would make the quantized model look better than it is. Pick calib.jsonl or "
+                "texts of your own."
+            )
             return False
         i = self.calib.findData(path)
         if i < 0:
@@ -147,6 +171,7 @@ class _JobDialog(QDialog):
             self.stage.setText("Choose an output folder.")
             return
         from toolkit.progress import StageClock
+
         self.run_button.setEnabled(False)
         self.close_button.setText("Cancel")
         self.bar.setValue(0)
@@ -163,6 +188,7 @@ class _JobDialog(QDialog):
                     raise InterruptedError("cancelled")
                 stage, done, total = a if len(a) == 3 else ("", *a)
                 emit("progress", (stage, done, total))
+
             return self.call(args, progress)
 
         self.worker = workers.Worker(fn)
@@ -178,7 +204,7 @@ class _JobDialog(QDialog):
         stage, done, total = payload
         if stage not in self.order:
             self.order.append(stage)
-        for earlier in self.order[:self.order.index(stage)]:  # a later stage began: the earlier ones are done
+        for earlier in self.order[: self.order.index(stage)]:  # a later stage began: the earlier ones are done
             if earlier in self.clock.started:
                 self.clock.update(earlier, 1, 1)
         eta = self.clock.update(stage, done, total)
@@ -189,6 +215,7 @@ class _JobDialog(QDialog):
 
     def _show_stages(self) -> None:
         from toolkit.progress import duration
+
         lines = []
         for name in self.order:
             if name in self.clock.took:
@@ -245,11 +272,13 @@ class QuantizeDialog(_JobDialog):
         import torch
 
         from toolkit.precision.recipes import RECIPES, UnsupportedRecipe, get_recipe
+
         self.qdevice = QComboBox()
         for d in ["cpu"] + [f"cuda:{i}" for i in range(torch.cuda.device_count())]:
             self.qdevice.addItem(d)
-        self.qdevice.setCurrentText(device if device in [self.qdevice.itemText(i) for i in range(self.qdevice.count())]
-                                    else "cpu")
+        self.qdevice.setCurrentText(
+            device if device in [self.qdevice.itemText(i) for i in range(self.qdevice.count())] else "cpu"
+        )
         for name in RECIPES:
             if name == "fp32":
                 continue
@@ -263,8 +292,10 @@ class QuantizeDialog(_JobDialog):
         self.limit.setToolTip("texts of the calibration set to generate from: the time grows with it")
         self.keep = QSpinBox()
         self.keep.setRange(0, 200)
-        self.keep.setToolTip("the N layers most sensitive to this precision stay in float (a sensitivity scan "
-                             "finds them; needs a calibration set)")
+        self.keep.setToolTip(
+            "the N layers most sensitive to this precision stay in float (a sensitivity scan "
+            "finds them; needs a calibration set)"
+        )
         self.form.insertRow(2, "Device", self.qdevice)
         self.form.insertRow(4, "Calibration texts", self.limit)
         self.form.insertRow(5, "Keep in float", self.keep)
@@ -277,10 +308,13 @@ class QuantizeDialog(_JobDialog):
         self._refresh_out()
         self._show_plan()
         for w in (self.precision, self.calib, self.limit, self.keep):
-            (w.currentIndexChanged if isinstance(w, QComboBox) else w.valueChanged).connect(lambda *_: self._show_plan())
+            (w.currentIndexChanged if isinstance(w, QComboBox) else w.valueChanged).connect(
+                lambda *_: self._show_plan()
+            )
 
     def _device_changed(self, device: str) -> None:
         from toolkit.quantize_job import calibration_texts
+
         self.limit.setValue(calibration_texts(device))  # proportionate to the device: 8 on the CPU, 32 on a GPU
 
     def _calib_changed(self, *_) -> None:
@@ -290,6 +324,7 @@ class QuantizeDialog(_JobDialog):
 
     def planned_stages(self) -> list[str]:
         from toolkit.quantize_job import plan_stages
+
         calibrated = self.calib.currentData() not in (None, "other")
         return plan_stages(self.precision.currentText(), calibrated, self.keep.value() if calibrated else 0)
 
@@ -297,20 +332,35 @@ class QuantizeDialog(_JobDialog):
         if self.busy() or not self.precision.currentText():
             return
         calibrated = self.calib.currentData() not in (None, "other")
-        cost = (f"Calibration generates {self.limit.value()} texts × up to 96 GPT steps, then reads them four more "
-                "times or so; the time grows with the texts. " if calibrated else "")
-        self.stage.setText(cost + "Stages: " + ", ".join(self.planned_stages())
-                           + ". Each shows its progress and time left once it runs.")
+        cost = (
+            f"Calibration generates {self.limit.value()} texts × up to 96 GPT steps, then reads them four more "
+            "times or so; the time grows with the texts. "
+            if calibrated
+            else ""
+        )
+        self.stage.setText(
+            cost
+            + "Stages: "
+            + ", ".join(self.planned_stages())
+            + ". Each shows its progress and time left once it runs."
+        )
 
     def arguments(self) -> dict:
         calib = self.calib.currentData()
         calib = None if calib == "other" else calib
-        return dict(precision=self.precision.currentText(), out=self.out.text().strip(), calib_set=calib,
-                    device=self.qdevice.currentText(), limit=self.limit.value(),
-                    keep_sensitive=self.keep.value() if calib else 0, force=self.force.isChecked())
+        return dict(
+            precision=self.precision.currentText(),
+            out=self.out.text().strip(),
+            calib_set=calib,
+            device=self.qdevice.currentText(),
+            limit=self.limit.value(),
+            keep_sensitive=self.keep.value() if calib else 0,
+            force=self.force.isChecked(),
+        )
 
     def call(self, args, progress):
         from toolkit.quantize_job import quantize_to_artifact
+
         return quantize_to_artifact(self.model, args.pop("precision"), args.pop("out"), progress=progress, **args)
 
     def summary(self, result) -> str:
@@ -319,11 +369,16 @@ class QuantizeDialog(_JobDialog):
         report = result[1]
         plan = report.plan
         kept = f" ({', '.join(plan.keep[:4])}{', …' if len(plan.keep) > 4 else ''})" if plan.keep else ""
-        text = (f"{len(plan.quantize)} layers quantized, {len(plan.keep)} kept in float{kept}, {len(plan.skipped)} "
-                f"skipped (their shape); {report.bytes_before / 2**20:.1f} → {report.bytes_after / 2**20:.1f} MiB.")
+        text = (
+            f"{len(plan.quantize)} layers quantized, {len(plan.keep)} kept in float{kept}, {len(plan.skipped)} "
+            f"skipped (their shape); {report.bytes_before / 2**20:.1f} → {report.bytes_after / 2**20:.1f} MiB."
+        )
         if report.errors:
-            text += (" Error against FP32 on the calibration texts: "
-                     + ", ".join(f"{k} {v:.1e}" for k, v in report.errors.items()) + ".")
+            text += (
+                " Error against FP32 on the calibration texts: "
+                + ", ".join(f"{k} {v:.1e}" for k, v in report.errors.items())
+                + "."
+            )
         else:
             text += " No calibration set: the error against FP32 was not measured."
         return text
@@ -332,6 +387,7 @@ class QuantizeDialog(_JobDialog):
 def export_available() -> tuple[bool, str]:
     try:
         from toolkit.export import export_onnx  # noqa: F401
+
         return True, ""
     except ImportError as e:
         return False, f"ONNX export is unavailable in this build ({e}); install the edge extra or update ttsq."
@@ -348,8 +404,10 @@ class ExportDialog(_JobDialog):
             self.precision.addItem(name)
         self.precision.setCurrentText("int8")  # the edge runtime's usual pick: a quarter of the size, CPU kernels
         self._refresh_out()
-        self.stage.setText(f"Stages: {', '.join(self.planned_stages())}. A calibration set switches int8's Decoder "
-                           "and Vocos to static quantization.")
+        self.stage.setText(
+            f"Stages: {', '.join(self.planned_stages())}. A calibration set switches int8's Decoder "
+            "and Vocos to static quantization."
+        )
         ok, why = export_available()
         if not ok:
             self.run_button.setEnabled(False)
@@ -360,14 +418,25 @@ class ExportDialog(_JobDialog):
 
     def planned_stages(self) -> list[str]:
         calibrated = self.precision.currentText() == "int8" and self.calib.currentData() not in (None, "other")
-        return ["export gpt", "export decoder", "export vocos", *(["calibrate"] if calibrated else []), "quantize",
-                "write"]
+        return [
+            "export gpt",
+            "export decoder",
+            "export vocos",
+            *(["calibrate"] if calibrated else []),
+            "quantize",
+            "write",
+        ]
 
     def arguments(self) -> dict:
         calib = self.calib.currentData()
-        return dict(precision=self.precision.currentText(), out=self.out.text().strip(),
-                    calib_set=None if calib == "other" else calib, force=self.force.isChecked())
+        return dict(
+            precision=self.precision.currentText(),
+            out=self.out.text().strip(),
+            calib_set=None if calib == "other" else calib,
+            force=self.force.isChecked(),
+        )
 
     def call(self, args, progress):
         from toolkit.export import export_onnx
+
         return export_onnx(self.model, args.pop("precision"), args.pop("out"), progress=progress, **args)

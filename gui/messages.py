@@ -1,14 +1,25 @@
 """The library's messages in the GUI's words: a command-line flag in an error becomes the control that sets it."""
+
 from __future__ import annotations
 
 import re
 
 #: flag -> the control's name as the GUI shows it
 CONTROLS = {
-    "--force": "“replace an existing output folder”", "--out": "“Output folder”", "--calib": "“Calibration set”",
-    "--limit": "“Calibration texts”", "--keep-sensitive": "“Keep in float”", "--precision": "“Precision”",
-    "--model": "the Model box", "--device": "“Device”", "--speaker": "“Speaker”", "--seed": "“Seed”",
-    "--temperature": "“Temperature”", "--top-p": "“Top-p”", "--top-k": "“Top-k”", "--max-steps": "“Max steps”",
+    "--force": "“replace an existing output folder”",
+    "--out": "“Output folder”",
+    "--calib": "“Calibration set”",
+    "--limit": "“Calibration texts”",
+    "--keep-sensitive": "“Keep in float”",
+    "--precision": "“Precision”",
+    "--model": "the Model box",
+    "--device": "“Device”",
+    "--speaker": "“Speaker”",
+    "--seed": "“Seed”",
+    "--temperature": "“Temperature”",
+    "--top-p": "“Top-p”",
+    "--top-k": "“Top-k”",
+    "--max-steps": "“Max steps”",
     "--control-tokens": "“read [laugh], [uv_break], ... as controls”",
 }
 PHRASES = [  # whole phrases first, where the verb changes with the control

@@ -1,4 +1,5 @@
 """Playback: sounddevice (PortAudio) first, QtMultimedia as the fallback, and a clear "no output device" otherwise."""
+
 from __future__ import annotations
 
 import time
@@ -15,6 +16,7 @@ def _sounddevice():
     """The sounddevice module when PortAudio sees a default output device, else None."""
     try:
         import sounddevice as sd
+
         sd.query_devices(kind="output")  # raises when there is no default output
         return sd
     except Exception:  # noqa: BLE001 -- OSError (no libportaudio), PortAudioError, ValueError
@@ -24,6 +26,7 @@ def _sounddevice():
 def _qt_output():
     try:
         from PySide6.QtMultimedia import QMediaDevices
+
         dev = QMediaDevices.defaultAudioOutput()
         return None if dev.isNull() else dev
     except Exception:  # noqa: BLE001 -- QtMultimedia or libpulse missing
@@ -32,6 +35,7 @@ def _qt_output():
 
 class Player(QObject):
     """play(wav, sr, offset_s) / stop(); `finished` when the audio ends or is stopped."""
+
     finished = Signal()
 
     def __init__(self, parent=None):
@@ -75,8 +79,10 @@ class Player(QObject):
     def play(self, wav: np.ndarray, sr: int, offset_s: float = 0.0) -> None:
         b = self.backend()
         if b is None:
-            raise NoOutputDevice("No audio output device was found (no sound card or sound server). "
-                                 "Save the result as a WAV file and play it elsewhere.")
+            raise NoOutputDevice(
+                "No audio output device was found (no sound card or sound server). "
+                "Save the result as a WAV file and play it elsewhere."
+            )
         self.stop(emit=False)
         start = min(int(offset_s * sr), len(wav))
         clip = np.clip(np.asarray(wav[start:], dtype=np.float32), -1.0, 1.0)
@@ -90,6 +96,7 @@ class Player(QObject):
     def _play_qt(self, clip: np.ndarray, sr: int) -> None:
         from PySide6.QtCore import QBuffer, QByteArray, QIODevice
         from PySide6.QtMultimedia import QAudioFormat, QAudioSink
+
         fmt = QAudioFormat()
         fmt.setSampleRate(sr)
         fmt.setChannelCount(1)

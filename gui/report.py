@@ -6,6 +6,7 @@ seed+1 against seed) is measured here, with evaluation.runner's own function, so
 something. What the ASR heard (the worker's intelligibility score) goes in per_sentence "asr" rows shaped like
 `ttsq evaluate`'s, so the same writers show the WER/CER column, its gap to FP32 and "What the ASR heard".
 """
+
 from __future__ import annotations
 
 import platform
@@ -24,9 +25,16 @@ def measure_noise_floor(job, reference_utt, emit=None, should_stop=None, synth=N
     if emit:
         emit("progress", (0.1, "fp32 at another seed (noise floor)"))
     synth = synth or Synthesizer(job.model, job.device)
-    other = synth.synthesize(job.text, speaker=job.speaker, seed=job.seed + 1, params=job.params,
-                             control_tokens=job.control_tokens, should_stop=should_stop,
-                             refine=job.refine, refine_prompt=job.refine_prompt)[0]
+    other = synth.synthesize(
+        job.text,
+        speaker=job.speaker,
+        seed=job.seed + 1,
+        params=job.params,
+        control_tokens=job.control_tokens,
+        should_stop=should_stop,
+        refine=job.refine,
+        refine_prompt=job.refine_prompt,
+    )[0]
     run = PrecisionRun("fp32", synth, 0, {job.seed: {RID: reference_utt}, job.seed + 1: {RID: other}})
     floor, per = noise_floor(run, (job.seed, job.seed + 1), Cepstra(reference_utt.sample_rate))
     return {"floor": floor, "per": per, "utt": other}
@@ -62,23 +70,39 @@ def build_report(job, results: list[dict], floor: dict | None) -> tuple[dict, di
         dur_ratio = r["duration_s"] / max(ref["duration_s"], 1e-9) if ref else None
         t = r["timings"]
         perf = {
-            "latency_s": r["latency_s"], "rtf": r["rtf"], "steps_per_s": r["steps"] / max(t.get("gpt", 0), 1e-9),
+            "latency_s": r["latency_s"],
+            "rtf": r["rtf"],
+            "steps_per_s": r["steps"] / max(t.get("gpt", 0), 1e-9),
             "time_to_first_audio_s": r["time_to_first_audio_s"],
             "stage_latency_s": {k: t.get(k) for k in ("gpt", "decoder", "vocoder")},
             "throughput_audio_s_per_s": {"1": r["duration_s"] / max(r["latency_s"], 1e-9)},
-            "size_bytes": r["size_bytes"], "peak_gpu_bytes_torch": r["peak_gpu_bytes"], "peak_gpu_bytes_nvml": None,
+            "size_bytes": r["size_bytes"],
+            "peak_gpu_bytes_torch": r["peak_gpu_bytes"],
+            "peak_gpu_bytes_nvml": None,
         }
-        per_sentence = {RID: {"dtw_mcd_db": r["mcd_db"], "duration_ratio": dur_ratio, "dnsmos_ovrl": r["dnsmos_ovrl"],
-                              "steps": r["steps"], "hit_limit": r["hit_limit"],
-                              "asr": [r["asr"]] if r.get("asr") else None}}  # one seed: one row
+        per_sentence = {
+            RID: {
+                "dtw_mcd_db": r["mcd_db"],
+                "duration_ratio": dur_ratio,
+                "dnsmos_ovrl": r["dnsmos_ovrl"],
+                "steps": r["steps"],
+                "hit_limit": r["hit_limit"],
+                "asr": [r["asr"]] if r.get("asr") else None,
+            }
+        }  # one seed: one row
         res = {
-            "precision": r["name"], "recipe": r["recipe"], "performance": perf,
+            "precision": r["name"],
+            "recipe": r["recipe"],
+            "performance": perf,
             "decoder_vocoder": {"mcd_db": None, "pesq_wb": None, "stoi": None, "log_mel_l1": None},
             "gpt_teacher_forced": {"top1_agreement": None, "kl_nats": None},
-            "end_to_end": {"dtw_mcd_db": ci([r["mcd_db"]]), "duration_ratio": ci([dur_ratio]),
-                           "dnsmos_ovrl": ci([r["dnsmos_ovrl"]]),
-                           "intelligibility": asr.by_language(asr_counts(per_sentence, [RID])) or None,
-                           "eos_rate": float(not r["hit_limit"])},
+            "end_to_end": {
+                "dtw_mcd_db": ci([r["mcd_db"]]),
+                "duration_ratio": ci([dur_ratio]),
+                "dnsmos_ovrl": ci([r["dnsmos_ovrl"]]),
+                "intelligibility": asr.by_language(asr_counts(per_sentence, [RID])) or None,
+                "eos_rate": float(not r["hit_limit"]),
+            },
             "per_sentence": per_sentence,
         }
         precisions[r["name"]] = {**res, **verdict(r, ref, floor)}
@@ -90,8 +114,10 @@ def build_report(job, results: list[dict], floor: dict | None) -> tuple[dict, di
         "model": job.model or "shipped voice",
         "text_set": {"file": "(typed in the GUI)", "sha256": None, "records": 1, "text": job.text},
         "texts": {RID: job.text},
-        "seeds": [job.seed, job.seed + 1], "device": device,
-        "hardware": torch.cuda.get_device_name(torch.device(device)) if device.startswith("cuda")
+        "seeds": [job.seed, job.seed + 1],
+        "device": device,
+        "hardware": torch.cuda.get_device_name(torch.device(device))
+        if device.startswith("cuda")
         else f"{platform.processor() or platform.machine()} ({torch.get_num_threads()} threads)",
         "versions": {"torch": torch.__version__},
         "mcd_settings": metrics.MCDSettings().describe(),
@@ -104,7 +130,9 @@ def build_report(job, results: list[dict], floor: dict | None) -> tuple[dict, di
     return report, utts
 
 
-def save_report(job, results: list[dict], out: str | Path, emit=None, should_stop=None, floor: dict | None = None) -> Path:
+def save_report(
+    job, results: list[dict], out: str | Path, emit=None, should_stop=None, floor: dict | None = None
+) -> Path:
     """floor: the noise floor the window already measured (measure_noise_floor's dict); measured here otherwise."""
     from evaluation.report import write_report
 

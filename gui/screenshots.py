@@ -6,6 +6,7 @@ comparison and synthesizes it beside its source's FP32: the walkthrough of compa
 Run it on a real display or under Xvfb (QT_QPA_PLATFORM=xcb) or offscreen; tests/test_gui.py runs it under Xvfb on
 a tiny model.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -80,8 +81,10 @@ def main(argv: list[str] | None = None) -> int:
             win.table.select(win.artifact_label())
         shot(win, "04-artifact-vs-fp32.png")
     for name, r in win.results.items():  # what the pictures show, for the reader of the log (and the test)
-        print(f"result {name}: RTF {r['rtf']:.3f}, MCD vs FP32 {r['mcd_db'] if r['mcd_db'] is None else round(r['mcd_db'], 2)}"
-              f" dB, WER/CER {r['asr_rate']}, from {r['model'] or 'shipped voice'}")
+        print(
+            f"result {name}: RTF {r['rtf']:.3f}, MCD vs FP32 {r['mcd_db'] if r['mcd_db'] is None else round(r['mcd_db'], 2)}"
+            f" dB, WER/CER {r['asr_rate']}, from {r['model'] or 'shipped voice'}"
+        )
     if win.floor:
         print(f"noise floor: MCD {win.floor['mcd_db']:.2f} dB, WER/CER {win.floor['asr_rate']}")
     win.resize(1024, 700)

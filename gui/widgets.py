@@ -1,20 +1,29 @@
 """Views of results: waveform, log-mel spectrogram, the comparison table and the latency-vs-quality chart."""
+
 from __future__ import annotations
 
 import numpy as np
 from PySide6.QtCharts import QChart, QChartView, QScatterSeries, QValueAxis
 from PySide6.QtCore import QMargins, QPointF, Qt, Signal
 from PySide6.QtGui import QColor, QImage, QPainter, QPen
-from PySide6.QtWidgets import (QAbstractItemView, QHeaderView, QLabel, QSizePolicy, QTableWidget, QTableWidgetItem,
-                               QVBoxLayout, QWidget)
+from PySide6.QtWidgets import (
+    QAbstractItemView,
+    QHeaderView,
+    QLabel,
+    QSizePolicy,
+    QTableWidget,
+    QTableWidgetItem,
+    QVBoxLayout,
+    QWidget,
+)
 
-COLORS = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22",
-          "#17becf"]
+COLORS = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf"]
 
 
 def _magma_lut() -> np.ndarray:
-    stops = np.array([[0, 0, 4], [59, 15, 112], [140, 41, 129], [222, 73, 104], [254, 159, 109], [252, 253, 191]],
-                     dtype=np.float64)
+    stops = np.array(
+        [[0, 0, 4], [59, 15, 112], [140, 41, 129], [222, 73, 104], [254, 159, 109], [252, 253, 191]], dtype=np.float64
+    )
     x = np.linspace(0, 1, len(stops))
     t = np.linspace(0, 1, 256)
     return np.stack([np.interp(t, x, stops[:, c]) for c in range(3)], 1).astype(np.uint8)
@@ -75,6 +84,7 @@ class MelView(QWidget):
 
     def set_audio(self, wav: np.ndarray, sr: int) -> None:
         from evaluation.metrics import _log_mel, resample
+
         x = np.asarray(wav, dtype=np.float64)
         if x.size < 1024:
             self.image = None
@@ -106,9 +116,11 @@ class ResultView(QWidget):
         super().__init__(parent)
         lay = QVBoxLayout(self)
         lay.setContentsMargins(4, 4, 4, 4)
-        cap = (f"{res['name']}: {res['duration_s']:.2f} s of audio, {res['steps']} GPT steps, "
-               f"synthesized in {res['latency_s']:.2f} s on {res['device']}"
-               + ("  (hit max steps: audio may be cut)" if res["hit_limit"] else ""))
+        cap = (
+            f"{res['name']}: {res['duration_s']:.2f} s of audio, {res['steps']} GPT steps, "
+            f"synthesized in {res['latency_s']:.2f} s on {res['device']}"
+            + ("  (hit max steps: audio may be cut)" if res["hit_limit"] else "")
+        )
         self.caption = QLabel(cap)
         self.caption.setWordWrap(True)
         self.refined = QLabel(f"refined: {res['refined']}" if res.get("refined") else "")
@@ -139,25 +151,38 @@ def asr_tip(res: dict) -> str:
     if not a:
         return res.get("asr_note", "")
     from evaluation.asr import METRIC_NAME
+
     heard = f"the ASR heard: \u201c{a['heard']}\u201d" if a["heard"] else "the ASR heard nothing"
-    return (f"{METRIC_NAME[a['language']].upper()} {res['asr_rate']:.2f} against the text typed\n{heard}\n"
-            f"{a['sub']} sub, {a['dele']} del, {a['ins']} ins of {a['ref_tokens']} {UNITS[a['language']]}")
+    return (
+        f"{METRIC_NAME[a['language']].upper()} {res['asr_rate']:.2f} against the text typed\n{heard}\n"
+        f"{a['sub']} sub, {a['dele']} del, {a['ins']} ins of {a['ref_tokens']} {UNITS[a['language']]}"
+    )
 
 
 #: (column, header, what it is): short two-line headers, so that the table fits beside the chart at 1024 px without
 #: sideways scrolling; the audio's duration and steps are in the precision cell's tooltip and the result's caption
-COLUMNS = [("precision", "precision", "the precision of the model, or the artifact or ONNX folder run as it is"),
-           ("vs floor", "vs\nfloor", "the gap to FP32 against the noise floor (FP32 against itself at a second "
-                                     "seed): “within” when it is no larger than sampling's own spread"),
-           ("WER/CER", "WER/\nCER", "intelligibility: word (English) or character (Mandarin) error rate of what an "
-                                    "offline ASR hears against the text; lower is better"),
-           ("MCD dB", "MCD\ndB", "mel-cepstral distance to FP32's audio of the same sentence and seed (DTW-aligned)"),
-           ("DNSMOS", "DNS\nMOS", "predicted overall quality (1-5)"),
-           ("RTF", "RTF", "real-time factor: synthesis time / audio duration (lower is faster)"),
-           ("latency s", "latency\ns", "synthesis time of the whole text"),
-           ("1st audio s", "1st\naudio s", "time to first audio when streaming"),
-           ("MiB", "size\nMiB", "size of the weights (the folder, for an artifact or ONNX)"),
-           ("GPU MiB", "GPU\nMiB", "peak GPU memory")]
+COLUMNS = [
+    ("precision", "precision", "the precision of the model, or the artifact or ONNX folder run as it is"),
+    (
+        "vs floor",
+        "vs\nfloor",
+        "the gap to FP32 against the noise floor (FP32 against itself at a second "
+        "seed): “within” when it is no larger than sampling's own spread",
+    ),
+    (
+        "WER/CER",
+        "WER/\nCER",
+        "intelligibility: word (English) or character (Mandarin) error rate of what an "
+        "offline ASR hears against the text; lower is better",
+    ),
+    ("MCD dB", "MCD\ndB", "mel-cepstral distance to FP32's audio of the same sentence and seed (DTW-aligned)"),
+    ("DNSMOS", "DNS\nMOS", "predicted overall quality (1-5)"),
+    ("RTF", "RTF", "real-time factor: synthesis time / audio duration (lower is faster)"),
+    ("latency s", "latency\ns", "synthesis time of the whole text"),
+    ("1st audio s", "1st\naudio s", "time to first audio when streaming"),
+    ("MiB", "size\nMiB", "size of the weights (the folder, for an artifact or ONNX)"),
+    ("GPU MiB", "GPU\nMiB", "peak GPU memory"),
+]
 
 
 class ComparisonTable(QTableWidget):
@@ -193,16 +218,27 @@ class ComparisonTable(QTableWidget):
         if row < 0:
             row = self.rowCount()
             self.insertRow(row)
-        mib = 1 / 2 ** 20
-        values = {"precision": res["name"], "vs floor": "–", "WER/CER": _fmt(res.get("asr_rate"), ".2f"),
-                  "MCD dB": _fmt(res["mcd_db"], ".2f"), "DNSMOS": _fmt(res["dnsmos_ovrl"], ".2f"),
-                  "RTF": _fmt(res["rtf"], ".3f"), "latency s": _fmt(res["latency_s"], ".2f"),
-                  "1st audio s": _fmt(res["time_to_first_audio_s"], ".2f"),
-                  "MiB": _fmt(res["size_bytes"], ".1f", mib), "GPU MiB": _fmt(res["peak_gpu_bytes"], ".0f", mib)}
-        tips = {"precision": f"{res.get('recipe', '')} from {res.get('model') or 'shipped voice'}: "
-                             f"{res['duration_s']:.2f} s of audio, {res['steps']} GPT steps"
-                             + (" (hit the step limit: the audio may be cut)" if res["hit_limit"] else ""),
-                "WER/CER": asr_tip(res), "MCD dB": res.get("mcd_note", ""), "DNSMOS": res.get("dnsmos_note", "")}
+        mib = 1 / 2**20
+        values = {
+            "precision": res["name"],
+            "vs floor": "–",
+            "WER/CER": _fmt(res.get("asr_rate"), ".2f"),
+            "MCD dB": _fmt(res["mcd_db"], ".2f"),
+            "DNSMOS": _fmt(res["dnsmos_ovrl"], ".2f"),
+            "RTF": _fmt(res["rtf"], ".3f"),
+            "latency s": _fmt(res["latency_s"], ".2f"),
+            "1st audio s": _fmt(res["time_to_first_audio_s"], ".2f"),
+            "MiB": _fmt(res["size_bytes"], ".1f", mib),
+            "GPU MiB": _fmt(res["peak_gpu_bytes"], ".0f", mib),
+        }
+        tips = {
+            "precision": f"{res.get('recipe', '')} from {res.get('model') or 'shipped voice'}: "
+            f"{res['duration_s']:.2f} s of audio, {res['steps']} GPT steps"
+            + (" (hit the step limit: the audio may be cut)" if res["hit_limit"] else ""),
+            "WER/CER": asr_tip(res),
+            "MCD dB": res.get("mcd_note", ""),
+            "DNSMOS": res.get("dnsmos_note", ""),
+        }
         for c, name in enumerate(self.COLUMNS):
             item = QTableWidgetItem(values[name])
             if c:
@@ -236,9 +272,11 @@ class ComparisonTable(QTableWidget):
             if wer is not None:
                 tip += f"\nWER/CER gap to FP32: {wer['mean']:+.2f}"
         if floor is not None and floor.get("mcd_db") is not None:
-            tip += (f"\nnoise floor: FP32 at seed {floor['seed']} against FP32 at seed {floor['seed'] - 1}: "
-                    f"MCD {floor['mcd_db']:.2f} dB" + (f", WER/CER {floor['asr_rate']:.2f}"
-                                                        if floor.get("asr_rate") is not None else ""))
+            tip += (
+                f"\nnoise floor: FP32 at seed {floor['seed']} against FP32 at seed {floor['seed'] - 1}: "
+                f"MCD {floor['mcd_db']:.2f} dB"
+                + (f", WER/CER {floor['asr_rate']:.2f}" if floor.get("asr_rate") is not None else "")
+            )
         item = QTableWidgetItem(text)
         item.setTextAlignment(Qt.AlignCenter)
         item.setToolTip(tip.strip())
@@ -250,8 +288,10 @@ class ComparisonTable(QTableWidget):
     def _hide_empty(self) -> None:
         for name in self.OPTIONAL:
             c = self.COLUMNS.index(name)
-            self.setColumnHidden(c, not any(self.item(r, c) is not None and self.item(r, c).text() != "–"
-                                            for r in range(self.rowCount())))
+            self.setColumnHidden(
+                c,
+                not any(self.item(r, c) is not None and self.item(r, c).text() != "–" for r in range(self.rowCount())),
+            )
 
     def clear_results(self) -> None:
         self.setRowCount(0)
@@ -259,8 +299,11 @@ class ComparisonTable(QTableWidget):
 
 
 #: the chart's quality axes: (combo label, result key, axis title)
-QUALITY_AXES = [("WER/CER", "asr_rate", "WER/CER (lower = better)"), ("MCD vs FP32", "mcd_db", "MCD vs FP32 dB"),
-                ("DNSMOS", "dnsmos_ovrl", "DNSMOS (higher = better)")]
+QUALITY_AXES = [
+    ("WER/CER", "asr_rate", "WER/CER (lower = better)"),
+    ("MCD vs FP32", "mcd_db", "MCD vs FP32 dB"),
+    ("DNSMOS", "dnsmos_ovrl", "DNSMOS (higher = better)"),
+]
 FLOOR_NAME = "noise floor"  # the band's legend; what it is, is in the chart's tooltip
 
 
@@ -269,6 +312,7 @@ class LatencyQualityChart(QChartView):
     metric (`set_axis`: WER/CER by default, MCD vs FP32 or DNSMOS). A result without that metric is not plotted.
     The noise floor (`set_floor`) is a band: the values FP32 itself takes at two seeds. Clicking a point emits
     `picked(name)`."""
+
     picked = Signal(str)
 
     def __init__(self, parent=None):
@@ -284,8 +328,10 @@ class LatencyQualityChart(QChartView):
         super().__init__(chart, parent)
         self.setRenderHint(QPainter.Antialiasing)
         self.setMinimumSize(260, 200)
-        self.setToolTip("each precision at its real-time factor and quality; the grey band is the noise floor: the "
-                        "values FP32 itself takes at two seeds. Click a point to pick its row")
+        self.setToolTip(
+            "each precision at its real-time factor and quality; the grey band is the noise floor: the "
+            "values FP32 itself takes at two seeds. Click a point to pick its row"
+        )
         self.series: dict[str, QScatterSeries] = {}
         self.points: dict[str, tuple[float, float]] = {}
         self.results: dict[str, dict] = {}  # kept so that another axis can be plotted without a new run
@@ -340,6 +386,7 @@ class LatencyQualityChart(QChartView):
 
     def _plot(self) -> None:
         from PySide6.QtCharts import QAreaSeries, QLineSeries
+
         self.points = {n: (r["rtf"], r[self.axis]) for n, r in self.results.items() if r.get(self.axis) is not None}
         for name, s in self.series.items():
             s.clear()

@@ -1,4 +1,5 @@
 """The main window: pick a model, device and precisions, synthesize in a worker, listen, compare."""
+
 from __future__ import annotations
 
 from dataclasses import astuple
@@ -6,10 +7,30 @@ from pathlib import Path
 
 from PySide6.QtCore import QSettings, Qt, QTimer
 from PySide6.QtGui import QAction, QKeySequence, QShortcut
-from PySide6.QtWidgets import (QCheckBox, QComboBox, QDoubleSpinBox, QFileDialog, QFormLayout, QGroupBox,
-                               QHBoxLayout, QLabel, QLineEdit, QListWidget, QListWidgetItem, QMainWindow, QMessageBox,
-                               QPlainTextEdit, QProgressBar, QPushButton, QScrollArea, QSpinBox, QSplitter,
-                               QTabWidget, QVBoxLayout, QWidget)
+from PySide6.QtWidgets import (
+    QCheckBox,
+    QComboBox,
+    QDoubleSpinBox,
+    QFileDialog,
+    QFormLayout,
+    QGroupBox,
+    QHBoxLayout,
+    QLabel,
+    QLineEdit,
+    QListWidget,
+    QListWidgetItem,
+    QMainWindow,
+    QMessageBox,
+    QPlainTextEdit,
+    QProgressBar,
+    QPushButton,
+    QScrollArea,
+    QSpinBox,
+    QSplitter,
+    QTabWidget,
+    QVBoxLayout,
+    QWidget,
+)
 
 from . import workers
 from .player import NoOutputDevice, Player
@@ -23,6 +44,7 @@ DEFAULT_TEXT = "Turn left at the second light."
 def sample_sentences() -> list[tuple[str, str]]:
     """(label, text) from calibration_sets/*.jsonl, a few per language and length."""
     from toolkit.textsets import load_text_set
+
     out, seen = [], set()
     for f in sorted(CALIB_DIR.glob("*.jsonl")):
         try:
@@ -67,8 +89,10 @@ class MainWindow(QMainWindow):
         self.model_combo = QComboBox()
         self.model_combo.setEditable(True)
         self.model_combo.setInsertPolicy(QComboBox.NoInsert)
-        self.model_combo.setToolTip("the shipped voice, a ttsq model folder, a quantized artifact, an official "
-                                    "ChatTTS folder or an exported ONNX folder")
+        self.model_combo.setToolTip(
+            "the shipped voice, a ttsq model folder, a quantized artifact, an official "
+            "ChatTTS folder or an exported ONNX folder"
+        )
         self.model_combo.currentTextChanged.connect(lambda _: self._refresh_model())
         browse = QPushButton("Browse…")
         browse.clicked.connect(self.browse_model)
@@ -76,6 +100,7 @@ class MainWindow(QMainWindow):
         self.model_info.setWordWrap(True)
         self.device_combo = QComboBox()
         import torch
+
         for i in range(torch.cuda.device_count()):
             self.device_combo.addItem(f"cuda:{i} — {torch.cuda.get_device_name(i)}", f"cuda:{i}")
         self.device_combo.addItem("cpu", "cpu")
@@ -102,16 +127,20 @@ class MainWindow(QMainWindow):
         self.speaker.setEditable(True)
         self.speaker.addItems(["", "seed:7", "seed:42", "seed:1337"])
         self.speaker.lineEdit().setPlaceholderText("model default")
-        self.speaker.setToolTip("a voice name of the model, seed:N, chattts-seed:N (ChatTTS's random speaker N), a "
-                                "ChatTTS speaker string, or a .pt/.npy/.txt speaker file (…)")
+        self.speaker.setToolTip(
+            "a voice name of the model, seed:N, chattts-seed:N (ChatTTS's random speaker N), a "
+            "ChatTTS speaker string, or a .pt/.npy/.txt speaker file (…)"
+        )
         self.speaker_file = QPushButton("…")
         self.speaker_file.setToolTip("pick a .pt/.npy/.txt speaker file")
         self.speaker_file.clicked.connect(self.pick_speaker_file)
         self.speaker_text = QLineEdit()
         self.speaker_text.setPlaceholderText("transcript of a sample-audio speaker")
-        self.speaker_text.setToolTip("for a ChatTTS sample-audio speaker (ttsq speaker from-audio): what its sample says")
+        self.speaker_text.setToolTip(
+            "for a ChatTTS sample-audio speaker (ttsq speaker from-audio): what its sample says"
+        )
         self.seed = QSpinBox()
-        self.seed.setRange(0, 2 ** 31 - 1)
+        self.seed.setRange(0, 2**31 - 1)
         self.temperature = QDoubleSpinBox()
         self.temperature.setRange(0.01, 2.0)
         self.temperature.setSingleStep(0.05)
@@ -123,21 +152,27 @@ class MainWindow(QMainWindow):
         self.max_steps = QSpinBox()
         self.max_steps.setRange(1, 4096)
         self.asr = QCheckBox("Intelligibility (ASR)")
-        self.asr.setToolTip("WER (English), CER (Mandarin) or MER (mixed) of what an offline Whisper hears against "
-                            "the text typed; the first use loads the ASR (about 1 s). Needs the asr extra: "
-                            "pip install -e '.[asr]'")
+        self.asr.setToolTip(
+            "WER (English), CER (Mandarin) or MER (mixed) of what an offline Whisper hears against "
+            "the text typed; the first use loads the ASR (about 1 s). Needs the asr extra: "
+            "pip install -e '.[asr]'"
+        )
         self.noise_floor = QCheckBox("noise floor (FP32 at a second seed)")
-        self.noise_floor.setToolTip("FP32 once more at seed + 1, scored against FP32 at the seed: how far apart two "
-                                    "equally good renditions are. A gap to FP32 inside that band is sampling noise, "
-                                    "not the precision")
+        self.noise_floor.setToolTip(
+            "FP32 once more at seed + 1, scored against FP32 at the seed: how far apart two "
+            "equally good renditions are. A gap to FP32 inside that band is sampling noise, "
+            "not the precision"
+        )
         self.dnsmos = QCheckBox("DNSMOS (first use loads its models)")
         self.ttfa = QCheckBox("time to first audio (streams once more)")
         self.control_tokens = QCheckBox("read [laugh], [uv_break], ... as controls")
         self.control_tokens.setToolTip("ChatTTS control tokens in the text; unticked, they are read as plain text")
         self.refine = QCheckBox("refine the text first (ChatTTS checkpoints)")
-        self.refine.setToolTip("rewrite the text with the GPT's text head before speaking, as ChatTTS's infer() does "
-                               "by default (adds [uv_break], [laugh], ...); the result tab shows the refined text. "
-                               "Needs a ChatTTS checkpoint: the shipped voice has no trained text head")
+        self.refine.setToolTip(
+            "rewrite the text with the GPT's text head before speaking, as ChatTTS's infer() does "
+            "by default (adds [uv_break], [laugh], ...); the result tab shows the refined text. "
+            "Needs a ChatTTS checkpoint: the shipped voice has no trained text head"
+        )
         self.refine_prompt = QLineEdit()
         self.refine_prompt.setPlaceholderText("refine prompt, e.g. [oral_2][laugh_0][break_6]")
         self.refine_prompt.setEnabled(False)
@@ -295,6 +330,7 @@ class MainWindow(QMainWindow):
                 a.setShortcut(QKeySequence(shortcut))
             menu.addAction(a)
             return a
+
         m = self.menuBar().addMenu("&File")
         act(m, "Open model folder…", self.browse_model, "Ctrl+O")
         self.save_wav_action = act(m, "Save as WAV…", lambda: self.save_wav(), "Ctrl+S")
@@ -324,9 +360,12 @@ class MainWindow(QMainWindow):
         return self.device_combo.currentData()
 
     def checked_precisions(self) -> list[str]:
-        return [self.precision_list.item(i).data(Qt.UserRole) for i in range(self.precision_list.count())
-                if self.precision_list.item(i).checkState() == Qt.Checked
-                and self.precision_list.item(i).flags() & Qt.ItemIsEnabled]
+        return [
+            self.precision_list.item(i).data(Qt.UserRole)
+            for i in range(self.precision_list.count())
+            if self.precision_list.item(i).checkState() == Qt.Checked
+            and self.precision_list.item(i).flags() & Qt.ItemIsEnabled
+        ]
 
     def set_precisions(self, names: list[str]) -> None:
         for i in range(self.precision_list.count()):
@@ -346,16 +385,27 @@ class MainWindow(QMainWindow):
             self.source_known, self.source, name = workers.source_of(self.model_path())
             if self.source_known:
                 desc += f", made from {name}"
-                note = (f"The artifact runs as it is, beside these precisions of its source model ({name}): tick "
-                        "fp32 to compare it with FP32.")
+                note = (
+                    f"The artifact runs as it is, beside these precisions of its source model ({name}): tick "
+                    "fp32 to compare it with FP32."
+                )
             else:
-                note = (f"The artifact runs as it is; {name}, so there is no FP32 to compare it with. Quantize or "
-                        "export it again from its model to record it.")
+                note = (
+                    f"The artifact runs as it is; {name}, so there is no FP32 to compare it with. Quantize or "
+                    "export it again from its model to record it."
+                )
         self.model_info.setText(desc)
         self.model_info.setStyleSheet("color: #b00020" if kind in ("missing", "invalid") else "")
-        if self.busy() and self.job is not None and self.model_path() not in (self.job.model, *self.job.artifacts.values()):
-            self.statusBar().showMessage(f"the running synthesis finishes with {self.job.model or SHIPPED}; "
-                                         "the new model is used from the next run", 15000)
+        if (
+            self.busy()
+            and self.job is not None
+            and self.model_path() not in (self.job.model, *self.job.artifacts.values())
+        ):
+            self.statusBar().showMessage(
+                f"the running synthesis finishes with {self.job.model or SHIPPED}; "
+                "the new model is used from the next run",
+                15000,
+            )
         self.precision_list.setEnabled(self.source_known)
         self.precision_note.setText(note)
         self._refresh_speakers()
@@ -376,6 +426,7 @@ class MainWindow(QMainWindow):
         import torch
 
         from toolkit.precision.recipes import RECIPES, UnsupportedRecipe, get_recipe
+
         checked = set(self.checked_precisions()) if self.precision_list.count() else {"fp32"}
         dev = torch.device(self.device() or "cpu")
         self.precision_list.clear()
@@ -406,6 +457,7 @@ class MainWindow(QMainWindow):
 
     def _pick_sample(self, index: int) -> None:
         from toolkit.text import USER_CONTROL
+
         text = self.samples.itemData(index)
         if text:
             self.text.setPlainText(text)
@@ -413,8 +465,9 @@ class MainWindow(QMainWindow):
                 self.control_tokens.setChecked(True)
 
     def browse_model(self) -> None:
-        path = QFileDialog.getExistingDirectory(self, "Model folder (ttsq, artifact, ChatTTS or ONNX)",
-                                                self.model_path() or str(Path.cwd()))
+        path = QFileDialog.getExistingDirectory(
+            self, "Model folder (ttsq, artifact, ChatTTS or ONNX)", self.model_path() or str(Path.cwd())
+        )
         if path:
             self.set_model(path)
 
@@ -430,14 +483,21 @@ class MainWindow(QMainWindow):
         if self.model_kind not in ("artifact", "onnx"):
             return None
         from toolkit.precision.recipes import RECIPES
+
         name = Path(self.model_path()).name
         return f"{name} (as is)" if name in RECIPES or name == "noise floor" else name
 
     def make_job(self) -> workers.SynthJob:
         from toolkit.sampling import SamplingParams
-        params = SamplingParams(temperature=self.temperature.value(), top_p=self.top_p.value(),
-                                top_k=self.top_k.value(), max_new_tokens=self.max_steps.value())
+
+        params = SamplingParams(
+            temperature=self.temperature.value(),
+            top_p=self.top_p.value(),
+            top_k=self.top_k.value(),
+            max_new_tokens=self.max_steps.value(),
+        )
         from toolkit.speakers import with_transcript
+
         typed = self.speaker.currentText().strip() or None
         transcript = self.speaker_text.text().strip() or None
         speaker = with_transcript(typed, transcript)  # a malformed speaker is an "Invalid settings" dialog now
@@ -446,14 +506,37 @@ class MainWindow(QMainWindow):
         refine, prompt = self.refine.isChecked(), self.refine_prompt.text().strip()
         # one comparison per sentence, settings and source model: an artifact of that model joins it
         base = self.source if self.source_known else self.model_path()
-        key = (base, text, typed, transcript, self.seed.value(), astuple(params), self.device(),
-               self.control_tokens.isChecked(), refine, prompt if refine else "")
-        return workers.SynthJob(base, self.device(), self.checked_precisions() if self.source_known else [], text,
-                                speaker, self.seed.value(), params, self.dnsmos.isChecked(), self.asr.isChecked(),
-                                self.ttfa.isChecked(), self.control_tokens.isChecked(), refine, prompt,
-                                intelligibility=self.intelligibility, key=key,
-                                artifacts={label: self.model_path()} if label else {},
-                                noise_floor=self.noise_floor.isChecked())
+        key = (
+            base,
+            text,
+            typed,
+            transcript,
+            self.seed.value(),
+            astuple(params),
+            self.device(),
+            self.control_tokens.isChecked(),
+            refine,
+            prompt if refine else "",
+        )
+        return workers.SynthJob(
+            base,
+            self.device(),
+            self.checked_precisions() if self.source_known else [],
+            text,
+            speaker,
+            self.seed.value(),
+            params,
+            self.dnsmos.isChecked(),
+            self.asr.isChecked(),
+            self.ttfa.isChecked(),
+            self.control_tokens.isChecked(),
+            refine,
+            prompt,
+            intelligibility=self.intelligibility,
+            key=key,
+            artifacts={label: self.model_path()} if label else {},
+            noise_floor=self.noise_floor.isChecked(),
+        )
 
     def pick_speaker_file(self) -> None:
         path, _ = QFileDialog.getOpenFileName(self, "Speaker file", str(Path.cwd()), "Speakers (*.pt *.npy *.txt)")
@@ -477,8 +560,10 @@ class MainWindow(QMainWindow):
         job.artifacts = {k: v for k, v in job.artifacts.items() if self.results.get(k, {}).get("model") != v}
         job.noise_floor = job.noise_floor and self.floor is None
         if asked and not job.precisions and not job.artifacts and not job.noise_floor:
-            self.progress_label.setText("nothing new to run: every row ticked has its result for this sentence and "
-                                        "these settings (Run ▸ Clear results measures them again)")
+            self.progress_label.setText(
+                "nothing new to run: every row ticked has its result for this sentence and "
+                "these settings (Run ▸ Clear results measures them again)"
+            )
             return
         ref = self.results.get(workers.FP32)
         job.reference = ref["utt"] if ref else None
@@ -526,8 +611,9 @@ class MainWindow(QMainWindow):
         self.worker.deleteLater()
         self.worker = None
         if self.progress_label.text() not in ("cancelled",) and not self.progress_label.text().startswith("failed"):
-            self.progress_label.setText("done" + (f" ({len(self.warnings)} warning(s): see below the bar)"
-                                                  if self.warnings else ""))
+            self.progress_label.setText(
+                "done" + (f" ({len(self.warnings)} warning(s): see below the bar)" if self.warnings else "")
+            )
         self._update_buttons()
         if self._closing:
             self.close()
@@ -537,14 +623,19 @@ class MainWindow(QMainWindow):
         self.warning_button.setVisible(bool(n))
         if n:
             last = self.warnings[-1]
-            self.warning_button.setText(f"⚠ {n} warning{'s' if n > 1 else ''}: {last[:90]}{'…' if len(last) > 90 else ''}"
-                                        + (" (click for all)" if n > 1 else ""))
+            self.warning_button.setText(
+                f"⚠ {n} warning{'s' if n > 1 else ''}: {last[:90]}{'…' if len(last) > 90 else ''}"
+                + (" (click for all)" if n > 1 else "")
+            )
             self.warning_button.setToolTip("\n".join(self.warnings))
 
     def show_warnings(self) -> None:
         if self.warnings:
-            self._open_box(QMessageBox(QMessageBox.Warning, "Warnings of the last run", "\n\n".join(self.warnings),
-                                       QMessageBox.Ok, self))
+            self._open_box(
+                QMessageBox(
+                    QMessageBox.Warning, "Warnings of the last run", "\n\n".join(self.warnings), QMessageBox.Ok, self
+                )
+            )
 
     def set_floor(self, floor: dict) -> None:
         """The noise floor of this comparison: a band on the chart and the table's verdict column."""
@@ -555,6 +646,7 @@ class MainWindow(QMainWindow):
 
     def _refresh_verdicts(self) -> None:
         from . import report
+
         ref = self.results.get(workers.FP32)
         for name, res in self.results.items():
             self.table.set_verdict(name, report.verdict(res, ref, self.floor) if self.floor else None, self.floor)
@@ -673,11 +765,13 @@ class MainWindow(QMainWindow):
             return None
         res = self.results[name]
         if path is None:
-            path, _ = QFileDialog.getSaveFileName(self, "Save as WAV", str(Path.cwd() / f"ttsq-{name}.wav"),
-                                                  "WAV files (*.wav)")
+            path, _ = QFileDialog.getSaveFileName(
+                self, "Save as WAV", str(Path.cwd() / f"ttsq-{name}.wav"), "WAV files (*.wav)"
+            )
             if not path:
                 return None
         from toolkit.audio import write_wav
+
         try:
             out = write_wav(path, res["wav"], res["sample_rate"], force=True)  # the dialog asked about overwriting
         except (OSError, ValueError) as e:
@@ -697,6 +791,7 @@ class MainWindow(QMainWindow):
         from dataclasses import replace
 
         from . import report
+
         results = list(self.results.values())
         ref = self.results.get(workers.FP32)
         job = replace(self.job, model=ref["model"] if ref else self.job.model)  # the noise floor is FP32's model's
@@ -706,17 +801,23 @@ class MainWindow(QMainWindow):
             self.progress.setValue(1000)
             self.progress_label.setText(f"report saved to {path}")
             self.statusBar().showMessage(f"report saved to {path}", 15000)
-        self._run(lambda emit, stop: report.save_report(job, results, folder, emit, stop, floor), "Could not save the report",
-                  done)
+
+        self._run(
+            lambda emit, stop: report.save_report(job, results, folder, emit, stop, floor),
+            "Could not save the report",
+            done,
+        )
 
     def open_quantize(self) -> None:
         from .dialogs import QuantizeDialog
+
         self._dialog = QuantizeDialog(self.model_path(), self.device(), self)
         self._dialog.produced.connect(self._offer_model)
         self._dialog.open()
 
     def open_export(self) -> None:
         from .dialogs import ExportDialog
+
         self._dialog = ExportDialog(self.model_path(), self.device(), self)
         self._dialog.produced.connect(self._offer_model)
         self._dialog.open()
@@ -736,6 +837,7 @@ class MainWindow(QMainWindow):
 
     def show_error(self, title: str, message: str) -> None:
         from .messages import for_gui
+
         message = for_gui(message)  # the controls' names, not the command line's flags
         self.progress_label.setText(f"failed: {message[:120]}")
         self._open_box(QMessageBox(QMessageBox.Critical, title, message, QMessageBox.Ok, self))
@@ -779,8 +881,14 @@ class MainWindow(QMainWindow):
     def _save_settings(self) -> None:
         s = self.settings
         s.setValue("model", self.model_path() or "")
-        s.setValue("recent_models", [self.model_combo.itemText(i) for i in range(self.model_combo.count())
-                                     if self.model_combo.itemText(i) != SHIPPED][:10])
+        s.setValue(
+            "recent_models",
+            [
+                self.model_combo.itemText(i)
+                for i in range(self.model_combo.count())
+                if self.model_combo.itemText(i) != SHIPPED
+            ][:10],
+        )
         s.setValue("device", self.device())
         s.setValue("precisions", self.checked_precisions())
         s.setValue("text", self.text.toPlainText())

@@ -5,6 +5,7 @@
 `synthesize_precisions` is the Synthesize job: one result dict per precision, measured with the library API.
 `Intelligibility` holds the ASR (evaluation.asr) of a window's session, loaded once, on first use, in a worker.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -28,6 +29,7 @@ class Worker(QObject):
     """Runs `fn(emit, should_stop)` in a Python thread. The thread never touches Qt: it puts events in a queue that
     a QTimer on the GUI thread drains, and the signals below are emitted from the GUI thread. (Queued signals
     emitted from another thread crash PySide6 6.12.0 with a refcount error, so this design avoids them.)"""
+
     event = Signal(str, object)  # kind, payload
     done = Signal(object)
     failed = Signal(str)
@@ -146,18 +148,21 @@ class Intelligibility:
         with self._lock:
             if self._transcriber is None:
                 from evaluation import asr
+
                 self._transcriber = asr.Transcriber()
             return self._transcriber
 
     def score(self, text: str, wav, sr: int) -> tuple[str, object]:
         """-> (what the ASR heard, evaluation.asr.ErrorCount against `text`)."""
         from evaluation import asr, textnorm
+
         heard = self.transcriber().transcribe(wav, sr, textnorm.language_of(text))
         return heard, asr.errors(text, heard)
 
 
 def _manifest(root: Path) -> dict:
     import json
+
     for name in ("onnx_manifest.json", "manifest.json"):
         if (root / name).is_file():
             try:
@@ -195,6 +200,7 @@ def source_of(path: str) -> tuple[bool, str | None, str]:
     """The model an artifact or ONNX folder was made from, as its manifest names it: (known, model path for
     SynthJob.model (None: the shipped voice), what to tell the user)."""
     from toolkit.synthesizer import DEFAULT_MODEL, source_path
+
     name = _manifest(Path(path)).get("source")
     src = source_path(name)
     if src is None:
@@ -208,14 +214,16 @@ def source_of(path: str) -> tuple[bool, str | None, str]:
 def model_voices(path: str | None) -> list[str]:
     """The named voices of a model, read from its manifest or its weights' header (nothing is loaded)."""
     from toolkit.synthesizer import DEFAULT_MODEL
+
     root = Path(path) if path else DEFAULT_MODEL
     m = _manifest(root) if root.is_dir() else {}
     names = m.get("voices") or (m.get("voice") or {}).get("speakers") or []
     if not names and (root / "model.safetensors").is_file():
         try:
             from safetensors import safe_open
+
             with safe_open(str(root / "model.safetensors"), "pt") as f:
-                names = [k[len("voice."):] for k in f.keys() if k.startswith("voice.")]
+                names = [k[len("voice.") :] for k in f.keys() if k.startswith("voice.")]
         except Exception:  # noqa: BLE001 -- a broken file is reported when it is loaded, not here
             names = []
     return [str(n) for n in names]
@@ -230,7 +238,9 @@ class _EdgeAdapter:
 
     def __init__(self, path: str, device: str):
         import torch
+
         from toolkit.runtime import EdgeSynthesizer
+
         self.edge = EdgeSynthesizer(path, device=device)
         self.precision = f"onnx {self.edge.precision}"
         self.device = torch.device("cpu") if "CUDA" not in str(self.edge.sessions.providers) else torch.device("cuda")
@@ -274,10 +284,12 @@ def synthesize_precisions(job: SynthJob, emit, should_stop) -> list[dict]:
     kind, _ = model_kind(job.model)
     if job.precisions and kind in ("missing", "invalid"):
         from toolkit.checkpoint import detect_layout
+
         detect_layout(Path(job.model or ""))  # raises the library's own message
     for label, folder in job.artifacts.items():
         if model_kind(folder)[0] in ("missing", "invalid"):
             from toolkit.checkpoint import detect_layout
+
             detect_layout(Path(folder))
     ordered = [FP32] + [p for p in job.precisions if p != FP32] if FP32 in job.precisions else list(job.precisions)
     runs = [(p, None) for p in ordered] + list(job.artifacts.items())  # (row label, None | folder run as is)
@@ -304,9 +316,14 @@ def synthesize_precisions(job: SynthJob, emit, should_stop) -> list[dict]:
             state["steps"] += chunk
             d, n, st = state["done"], state["n"], state["steps"]
             within = min(st / expected, 0.95)
-            step(i, 2, f"{name}: sentence {min(d + 1, n)}/{n}, {st} steps ({st / 46.875:.1f} s of audio)",
-                 (d + within) / max(n, 1))
+            step(
+                i,
+                2,
+                f"{name}: sentence {min(d + 1, n)}/{n}, {st} steps ({st / 46.875:.1f} s of audio)",
+                (d + within) / max(n, 1),
+            )
             return should_stop()
+
         return poll, sentence
 
     same = dict(speaker=job.speaker, seed=job.seed, control_tokens=job.control_tokens)  # every call, every run
@@ -335,9 +352,12 @@ def synthesize_precisions(job: SynthJob, emit, should_stop) -> list[dict]:
         step(i, 1, f"{name}: warm-up")
         with warnings.catch_warnings():  # 8 steps nobody listens to always hit their limit: not the user's audio
             warnings.simplefilter("ignore")
-            synth.synthesize(job.text, **same,
-                             params=replace(job.params, max_new_tokens=min(8, job.params.max_new_tokens),
-                                            min_new_tokens=0), should_stop=should_stop)
+            synth.synthesize(
+                job.text,
+                **same,
+                params=replace(job.params, max_new_tokens=min(8, job.params.max_new_tokens), min_new_tokens=0),
+                should_stop=should_stop,
+            )
         if dev.type == "cuda":
             torch.cuda.synchronize(dev)
             torch.cuda.reset_peak_memory_stats(dev)
@@ -346,8 +366,9 @@ def synthesize_precisions(job: SynthJob, emit, should_stop) -> list[dict]:
         poll, sentence = ticking(i, name, chunk)
         t0 = time.perf_counter()
         with _warnings_as_events(emit, name):
-            utt = synth.synthesize(job.text, **same, **refine, params=job.params, should_stop=poll,
-                                   progress=sentence)[0]
+            utt = synth.synthesize(job.text, **same, **refine, params=job.params, should_stop=poll, progress=sentence)[
+                0
+            ]
         latency = time.perf_counter() - t0
         peak = torch.cuda.max_memory_allocated(dev) if dev.type == "cuda" else None
         ttfa = None
@@ -365,14 +386,34 @@ def synthesize_precisions(job: SynthJob, emit, should_stop) -> list[dict]:
         if should_stop():
             raise InterruptedError
         step(i, 4, f"{name}: scoring")
-        res = {"name": name, "recipe": synth.precision, "utt": utt, "wav": utt.wav, "sample_rate": utt.sample_rate,
-               "duration_s": utt.duration, "steps": utt.steps, "hit_limit": utt.hit_limit,
-               "timings": dict(utt.timings), "latency_s": latency, "rtf": latency / max(utt.duration, 1e-9),
-               "time_to_first_audio_s": ttfa, "size_bytes": size, "peak_gpu_bytes": peak, "device": str(dev),
-               "model": folder if folder is not None else job.model, "as_is": folder is not None,
-               "refined": utt.text if job.refine else None,
-               "mcd_db": None, "mcd_note": "", "dnsmos_ovrl": None, "dnsmos_note": "",
-               "asr_rate": None, "asr": None, "asr_note": "", "asr_settings": None}
+        res = {
+            "name": name,
+            "recipe": synth.precision,
+            "utt": utt,
+            "wav": utt.wav,
+            "sample_rate": utt.sample_rate,
+            "duration_s": utt.duration,
+            "steps": utt.steps,
+            "hit_limit": utt.hit_limit,
+            "timings": dict(utt.timings),
+            "latency_s": latency,
+            "rtf": latency / max(utt.duration, 1e-9),
+            "time_to_first_audio_s": ttfa,
+            "size_bytes": size,
+            "peak_gpu_bytes": peak,
+            "device": str(dev),
+            "model": folder if folder is not None else job.model,
+            "as_is": folder is not None,
+            "refined": utt.text if job.refine else None,
+            "mcd_db": None,
+            "mcd_note": "",
+            "dnsmos_ovrl": None,
+            "dnsmos_note": "",
+            "asr_rate": None,
+            "asr": None,
+            "asr_note": "",
+            "asr_settings": None,
+        }
         _score(res, reference, job.dnsmos)
         _score_asr(res, spoken_text(job), asr)
         if name == FP32:
@@ -396,15 +437,29 @@ def _noise_floor(job: SynthJob, synth, reference, asr, emit, should_stop, say) -
     """FP32 at seed + 1 against FP32 at seed (gui.report.measure_noise_floor), scored like a result: how far apart
     two equally good renditions of this sentence are, so that a precision's gap to FP32 can be read against it."""
     from . import report
+
     say(f"fp32 at seed {job.seed + 1}: noise floor")
     with _warnings_as_events(emit, f"fp32 at seed {job.seed + 1}"):
         floor = report.measure_noise_floor(job, reference, should_stop=should_stop, synth=synth)
-    res = {"name": "noise floor", "wav": floor["utt"].wav, "sample_rate": floor["utt"].sample_rate,
-           "dnsmos_ovrl": None, "dnsmos_note": "", "asr_rate": None, "asr": None, "asr_note": ""}
+    res = {
+        "name": "noise floor",
+        "wav": floor["utt"].wav,
+        "sample_rate": floor["utt"].sample_rate,
+        "dnsmos_ovrl": None,
+        "dnsmos_note": "",
+        "asr_rate": None,
+        "asr": None,
+        "asr_note": "",
+    }
     _score(res, None, job.dnsmos)
     _score_asr(res, spoken_text(job), asr)
-    floor.update(seed=job.seed + 1, mcd_db=floor["per"].get(report.RID), dnsmos_ovrl=res["dnsmos_ovrl"],
-                 asr_rate=res["asr_rate"], asr=res["asr"])
+    floor.update(
+        seed=job.seed + 1,
+        mcd_db=floor["per"].get(report.RID),
+        dnsmos_ovrl=res["dnsmos_ovrl"],
+        asr_rate=res["asr_rate"],
+        asr=res["asr"],
+    )
     emit("floor", floor)
 
 
@@ -436,6 +491,7 @@ def _score(res: dict, reference, with_dnsmos: bool) -> None:
 def spoken_text(job: SynthJob) -> str:
     """What the audio should say: the text typed, less the control tokens when they are read as controls."""
     from toolkit.text import USER_CONTROL
+
     return USER_CONTROL.sub(" ", job.text) if job.control_tokens else job.text
 
 
@@ -443,6 +499,7 @@ def _score_asr(res: dict, text: str, asr: Intelligibility | None) -> None:
     """The error rate (WER en, CER zh, MER mixed) of what the ASR heard against `text`, with the row in the shape of
     `ttsq evaluate`'s per_sentence "asr" rows. Without the asr extra the value stays None and the note names it."""
     from evaluation.asr import ASRUnavailable
+
     if asr is None:
         res["asr_note"] = "intelligibility (ASR) is off"
         return

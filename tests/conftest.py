@@ -15,8 +15,11 @@ torch.set_num_threads(min(2, torch.get_num_threads()))  # OMP_NUM_THREADS=1 make
 
 
 def pytest_configure(config):
-    config.addinivalue_line("markers", "trains: trains or calibrates, then compares results; it must hold by a margin "
-                                       "under any thread count (.ci/determinism runs these with 1 and 2 threads)")
+    config.addinivalue_line(
+        "markers",
+        "trains: trains or calibrates, then compares results; it must hold by a margin "
+        "under any thread count (.ci/determinism runs these with 1 and 2 threads)",
+    )
 
 
 @pytest.fixture(autouse=True)
@@ -44,7 +47,9 @@ def _deterministic_when_training(request):
         torch.manual_seed = manual_seed
 
 
-TINY_CHARS = string.ascii_lowercase + string.digits + string.punctuation + "你好世界今天天气很不错我们一起去公园吧。，！？"
+TINY_CHARS = (
+    string.ascii_lowercase + string.digits + string.punctuation + "你好世界今天天气很不错我们一起去公园吧。，！？"
+)
 
 
 def make_tiny_model(folder: Path, seed: int = 0):
@@ -76,4 +81,5 @@ def tiny_dir(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def tiny_synth(tiny_dir):
     from toolkit import Synthesizer
+
     return Synthesizer(tiny_dir, "cpu")

@@ -1,5 +1,6 @@
 """Intelligibility: text normalisation, edit counts, pooled rates, and the ASR on real espeak-ng speech (it must hear
 espeak's words and must not hear them in babble made of the same speech)."""
+
 import json
 import os
 import random
@@ -17,19 +18,22 @@ pytest.importorskip("num2words", reason="intelligibility scoring needs the asr e
 from evaluation import asr, textnorm  # noqa: E402
 
 
-@pytest.mark.parametrize("a,b", [
-    ("I have 7 cats.", "i have seven cats"),
-    ("Seven, SEVEN; seven!", "seven seven seven"),
-    ("The total is $12.99.", "the total is twelve dollars ninety nine cents"),
-    ("It is 72% charged.", "it is seventy two percent charged"),
-    ("Meet me at 4:30 on the 2nd floor.", "meet me at four thirty on the second floor"),
-    ("Born in 1999, moved in 2010.", "born in nineteen ninety nine moved in twenty ten"),
-    ("Dr. Smith's well-known cat", "doctor smiths well known cat"),
-    ("3.5 kilometres", "three point five kilometres"),
-    ("發我一下", "发我一下"),
-    ("一共是128元。", "一共是一百二十八元"),
-    ("電池充了72%", "电池充了百分之七十二"),
-])
+@pytest.mark.parametrize(
+    "a,b",
+    [
+        ("I have 7 cats.", "i have seven cats"),
+        ("Seven, SEVEN; seven!", "seven seven seven"),
+        ("The total is $12.99.", "the total is twelve dollars ninety nine cents"),
+        ("It is 72% charged.", "it is seventy two percent charged"),
+        ("Meet me at 4:30 on the 2nd floor.", "meet me at four thirty on the second floor"),
+        ("Born in 1999, moved in 2010.", "born in nineteen ninety nine moved in twenty ten"),
+        ("Dr. Smith's well-known cat", "doctor smiths well known cat"),
+        ("3.5 kilometres", "three point five kilometres"),
+        ("發我一下", "发我一下"),
+        ("一共是128元。", "一共是一百二十八元"),
+        ("電池充了72%", "电池充了百分之七十二"),
+    ],
+)
 def test_normalisation_makes_equal_readings_equal(a, b):
     assert textnorm.tokens(a) == textnorm.tokens(b)
 
@@ -84,8 +88,12 @@ def test_a_joined_model_with_the_wrong_checksum_is_refused(tmp_path, monkeypatch
 
 # real audio --------------------------------------------------------------------------------------------------------
 
-SENTENCES = ["The library opens at nine on weekdays.", "Please bring a warm coat and some water.",
-             "My grandmother grows tomatoes in her garden.", "The train to the airport leaves every hour."]
+SENTENCES = [
+    "The library opens at nine on weekdays.",
+    "Please bring a warm coat and some water.",
+    "My grandmother grows tomatoes in her garden.",
+    "The train to the airport leaves every hour.",
+]
 
 
 @pytest.fixture(scope="module")
@@ -98,6 +106,7 @@ def transcriber():
 
 def test_espeak_speech_is_understood_and_babble_made_of_it_is_not(transcriber):
     from asr_validation import degrade, espeak
+
     clean, babble = [], []
     for i, s in enumerate(SENTENCES[:3]):
         wav = espeak(s)
@@ -111,6 +120,7 @@ def test_espeak_speech_is_understood_and_babble_made_of_it_is_not(transcriber):
 
 def test_transcripts_do_not_depend_on_the_call(transcriber):
     from asr_validation import espeak
+
     wav = espeak(SENTENCES[0])
     assert transcriber.transcribe(wav, 24000, "en") == transcriber.transcribe(wav.copy(), 24000, "en")
 
@@ -118,6 +128,7 @@ def test_transcripts_do_not_depend_on_the_call(transcriber):
 def test_ttsq_score_scores_a_folder_of_wavs_in_a_new_process(transcriber, tmp_path):
     import soundfile as sf
     from asr_validation import espeak
+
     wavs = tmp_path / "wavs"
     wavs.mkdir()
     rows = []
@@ -125,13 +136,25 @@ def test_ttsq_score_scores_a_folder_of_wavs_in_a_new_process(transcriber, tmp_pa
         rid = f"t-{i}"
         rows.append({"id": rid, "text": s, "language": "en", "length": "short", "speaker": "seed:1"})
         sf.write(wavs / f"{rid}.wav", espeak(s), 24000)
-    rows.append({"id": "t-none", "text": "No audio for this one.", "language": "en", "length": "short",
-                 "speaker": "seed:1"})
+    rows.append(
+        {"id": "t-none", "text": "No audio for this one.", "language": "en", "length": "short", "speaker": "seed:1"}
+    )
     text_set = tmp_path / "set.jsonl"
     text_set.write_text("".join(json.dumps(r) + "\n" for r in rows))
     out = tmp_path / "scores.json"
-    cmd = [sys.executable, "-m", "toolkit.cli", "score", "--wavs", str(wavs), "--set", str(text_set), "--out", str(out),
-           "--no-dnsmos"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "toolkit.cli",
+        "score",
+        "--wavs",
+        str(wavs),
+        "--set",
+        str(text_set),
+        "--out",
+        str(out),
+        "--no-dnsmos",
+    ]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
     assert r.returncode == 0, r.stderr

@@ -1,5 +1,6 @@
 """The voice lab's input-code corruption (train --code-noise): audio inputs change at about the asked rate, text
 positions never, and never into the EOS code."""
+
 import torch
 
 from toolkit.voice.train import corrupt_codes

@@ -1,4 +1,5 @@
 """Loading both layouts (and how they fail), the pipeline on the tiny model, text handling, the CLI."""
+
 import json
 import os
 import shutil
@@ -82,6 +83,7 @@ def test_official_missing_file(tmp_path):
 
 def test_official_wrong_shape_and_extra_keys_listed_together(tmp_path):
     from safetensors.torch import load_file, save_file
+
     root = copy_fixture(tmp_path)
     f = root / "asset" / "Decoder.safetensors"
     state = load_file(str(f))
@@ -185,8 +187,9 @@ def test_eos_in_any_codebook_stops_generation(tiny_synth, monkeypatch):
         return logits
 
     monkeypatch.setattr(gpt, "code_logits", eos_on_book_2)
-    u = tiny_synth.synthesize(["hello.", "a longer one, to be padded."],
-                              params=SamplingParams(max_new_tokens=64, min_new_tokens=3), seed=0)
+    u = tiny_synth.synthesize(
+        ["hello.", "a longer one, to be padded."], params=SamplingParams(max_new_tokens=64, min_new_tokens=3), seed=0
+    )
     assert [x.steps for x in u] == [3, 3] and not any(x.hit_limit for x in u)
     assert all(x.wav.shape == (512 * 3 - 256,) for x in u)
 
@@ -210,6 +213,7 @@ def test_the_default_voice_is_kept_through_save_quantize_and_export(tmp_path):
     """A synthesis given no speaker uses the model's default voice, written in the manifest (safetensors sorts
     keys): after a reload, in a quantized artifact and in the ONNX runtime."""
     from conftest import make_tiny_model
+
     from toolkit.export import export_onnx
     from toolkit.precision import quantize
     from toolkit.precision.artifact import save_artifact
@@ -245,14 +249,27 @@ def test_bad_inputs(tiny_synth):
 # --- CLI ---------------------------------------------------------------------------------------
 def ttsq(*args, cwd=None):
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    return subprocess.run([sys.executable, "-m", "toolkit.cli", *args], capture_output=True, text=True,
-                          cwd=cwd, env=env, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "toolkit.cli", *args], capture_output=True, text=True, cwd=cwd, env=env, timeout=300
+    )
 
 
 def test_cli_synth_info_and_errors(tiny_dir, tmp_path):
     out = tmp_path / "out.wav"
-    r = ttsq("synth", "hello world.", "-o", str(out), "--model", str(tiny_dir), "--device", "cpu",
-             "--seed", "3", "--max-steps", "10")
+    r = ttsq(
+        "synth",
+        "hello world.",
+        "-o",
+        str(out),
+        "--model",
+        str(tiny_dir),
+        "--device",
+        "cpu",
+        "--seed",
+        "3",
+        "--max-steps",
+        "10",
+    )
     assert r.returncode == 0, r.stderr
     data, sr = sf.read(out)
     assert sr == 24000 and data.ndim == 1 and len(data) > 0 and np.isfinite(data).all()
@@ -296,10 +313,14 @@ def test_streaming_equals_whole_decode_without_redecoding(tiny_synth, monkeypatc
 
 def test_concurrent_requests_are_batched(tiny_synth, monkeypatch):
     from concurrent.futures import ThreadPoolExecutor
+
     from toolkit.batching import BatchingSynthesizer
+
     calls = []
     original = tiny_synth.synthesize
-    monkeypatch.setattr(tiny_synth, "synthesize", lambda texts, **kw: (calls.append(len(texts)), original(texts, **kw))[1])
+    monkeypatch.setattr(
+        tiny_synth, "synthesize", lambda texts, **kw: (calls.append(len(texts)), original(texts, **kw))[1]
+    )
     batcher = BatchingSynthesizer(tiny_synth, max_batch=8, wait_s=0.2)
     p = SamplingParams(max_new_tokens=6)
     with ThreadPoolExecutor(6) as pool:
@@ -318,6 +339,7 @@ def test_cache_growth_keeps_decoding_exact(tiny_synth):
     forward over the same prompt and codes."""
     from toolkit.engine import CACHE_BUCKET, Engine
     from toolkit.prompt import encode_prompts
+
     model = tiny_synth.model
     emb, valid = encode_prompts(model, ["grow the cache please."], tiny_synth.speaker_vector(0))
     engine = Engine(model.gpt)
@@ -326,7 +348,7 @@ def test_cache_growth_keeps_decoding_exact(tiny_synth):
     full = torch.cat([emb, model.gpt.embed_codes(gen.codes)], 1)
     ok = torch.cat([valid, torch.ones(1, 300, dtype=torch.bool)], 1)
     with torch.inference_mode():
-        ref = model.gpt.forward_full(full, ok)[:, emb.shape[1] - 1: emb.shape[1] + 299]
+        ref = model.gpt.forward_full(full, ok)[:, emb.shape[1] - 1 : emb.shape[1] + 299]
     torch.testing.assert_close(gen.hidden, ref, rtol=1e-4, atol=1e-4)
 
 
@@ -334,8 +356,10 @@ def test_compiled_decode_step_matches_eager(tiny_synth):
     """Engine(compile=True) (the fast GPU path, here torch.compile on the CPU) samples the same codes as the plain
     engine for the same seed, across a cache growth, and its hidden states agree to float rounding."""
     import torch._dynamo
+
     from toolkit.engine import Engine
     from toolkit.prompt import encode_prompts
+
     model = tiny_synth.model
     emb, valid = encode_prompts(model, ["compile me.", "and me, a little longer."], tiny_synth.speaker_vector(0))
     params = SamplingParams(max_new_tokens=270, min_new_tokens=270)
@@ -358,6 +382,7 @@ def test_compiled_engine_prefills_int8_weight_only_models_through_the_plain_bloc
     from toolkit.engine import Engine
     from toolkit.models.gpt import call_block
     from toolkit.precision import quantize
+
     cpu = torch.device("cpu")
     plain = Engine(random_model("tiny", cpu).gpt, compile=True)
     assert plain._prefill_block is plain._run_block and plain._run_block is not call_block
@@ -379,6 +404,7 @@ def test_engine_keeps_a_bounded_number_of_step_buffers(tiny_synth):
     """Per-request sampling settings must not pile up graphs or buffers without end: least recently used go."""
     from toolkit.engine import MAX_GRAPHS, Engine
     from toolkit.prompt import encode_prompts
+
     model = tiny_synth.model
     emb, valid = encode_prompts(model, ["settings vary."], tiny_synth.speaker_vector(0))
     engine = Engine(model.gpt)
@@ -397,6 +423,7 @@ def test_first_streamed_audio_comes_at_the_earliest_step_it_can(tiny_synth):
     from toolkit.plan import render_stream
     from toolkit.prompt import encode_prompts
     from toolkit.streaming import StreamRenderer
+
     model = tiny_synth.model
     emb, valid = encode_prompts(model, ["first audio, as early as it can be."], tiny_synth.speaker_vector(0))
     params = SamplingParams(max_new_tokens=120, min_new_tokens=120)
@@ -408,8 +435,9 @@ def test_first_streamed_audio_comes_at_the_earliest_step_it_can(tiny_synth):
     assert probe.push(plain.hidden[0, : k - 1]).size == 0  # one state fewer gives no final sample
     assert StreamRenderer(model).push(plain.hidden[0, :k]).size > 0
     chunks = list(engine.stream(emb, valid, params, seed=5, first_yield=k))
-    assert sum(c.hidden.shape[1] for c in chunks if c.start < k) == k and any(c.start + c.hidden.shape[1] == k
-                                                                               for c in chunks)
+    assert sum(c.hidden.shape[1] for c in chunks if c.start < k) == k and any(
+        c.start + c.hidden.shape[1] == k for c in chunks
+    )
     assert torch.equal(torch.cat([c.codes for c in chunks], 1), plain.codes)
     renderer = StreamRenderer(model)
     stream = render_stream(iter(chunks), renderer)
@@ -420,6 +448,7 @@ def test_first_streamed_audio_comes_at_the_earliest_step_it_can(tiny_synth):
 def test_warmup_prepares_every_cache_bucket_it_is_asked_for(tiny_synth):
     """warmup(steps=N) grows the KV cache to hold N steps now, so a request of that length reallocates nothing."""
     from toolkit.engine import CACHE_BUCKET
+
     tiny_synth.engine.release()
     tiny_synth.warmup(batch_sizes=(2,), steps=CACHE_BUCKET + 10)
     batch, length = tiny_synth.model.gpt.cache_shape
@@ -442,6 +471,7 @@ def test_engine_lookahead_hands_over_the_same_chunks_and_stops_at_the_same_one(t
     chunks handed over, and where EOS or should_stop ends the stream, must not change."""
     from toolkit.engine import Engine
     from toolkit.prompt import encode_prompts
+
     emb, valid = encode_prompts(tiny_synth.model, ["look ahead."], tiny_synth.speaker_vector(0))
     engine = Engine(tiny_synth.model.gpt)
     params = SamplingParams(max_new_tokens=200, temperature=1.0, top_p=1.0)
@@ -451,8 +481,11 @@ def test_engine_lookahead_hands_over_the_same_chunks_and_stops_at_the_same_one(t
         assert_same_chunks(plain, list(engine.stream(emb, valid, params, seed=seed, lookahead=True)))
         ended_by_eos += bool(plain[-1].finished.all()) and plain[-1].start + plain[-1].codes.shape[1] < 200
         calls = []
-        stopped = list(engine.stream(emb, valid, params, seed=seed, lookahead=True,
-                                     should_stop=lambda: calls.append(1) or len(calls) >= 2))
+        stopped = list(
+            engine.stream(
+                emb, valid, params, seed=seed, lookahead=True, should_stop=lambda: calls.append(1) or len(calls) >= 2
+            )
+        )
         assert len(stopped) == min(2, len(plain))
     assert ended_by_eos  # the early end was exercised, not only max_new_tokens
 
@@ -463,6 +496,7 @@ def test_engine_lead_steps_queue_the_next_chunk_before_handing_one_over(tiny_syn
     lead_steps=0, first_yield's early piece included."""
     from toolkit.engine import Engine
     from toolkit.prompt import encode_prompts
+
     emb, valid = encode_prompts(tiny_synth.model, ["lead steps."], tiny_synth.speaker_vector(0))
     params = SamplingParams(max_new_tokens=100, temperature=1.0, top_p=1.0)
     plain_engine = Engine(tiny_synth.model.gpt, lead_steps=0)
@@ -487,8 +521,9 @@ def test_engine_lead_steps_queue_the_next_chunk_before_handing_one_over(tiny_syn
             assert_same_chunks(plain, ahead)
             ended_by_eos += bool(plain[-1].finished.all()) and plain[-1].start + plain[-1].codes.shape[1] < 100
             calls = []
-            stopped = list(engine.stream(emb, valid, params, seed=seed,
-                                         should_stop=lambda: calls.append(1) or len(calls) >= 2))
+            stopped = list(
+                engine.stream(emb, valid, params, seed=seed, should_stop=lambda: calls.append(1) or len(calls) >= 2)
+            )
             assert len(stopped) == min(2, len(plain))
     assert ended_by_eos  # the early end was exercised, not only max_new_tokens
 
@@ -498,6 +533,7 @@ def test_reserve_sizes_the_cache_once_and_changes_nothing_else(tiny_synth):
     generation never grows it, and samples the same codes as a generation that grows it."""
     from toolkit.engine import Engine
     from toolkit.prompt import encode_prompts
+
     emb, valid = encode_prompts(tiny_synth.model, ["reserve it."], tiny_synth.speaker_vector(0))
     engine = Engine(tiny_synth.model.gpt)
     params = SamplingParams(max_new_tokens=300, min_new_tokens=300)
@@ -553,9 +589,11 @@ def test_prefill_padded_to_its_bucket_samples_the_same_codes(tiny_synth):
     too, and a prompt that nearly fills max_positions still leaves a step."""
     from toolkit.engine import PREFILL_BUCKET, Engine
     from toolkit.prompt import encode_prompts
+
     model = tiny_synth.model
-    emb, valid = encode_prompts(model, ["a short one.", "and a somewhat longer prompt, to pad unevenly."],
-                                tiny_synth.speaker_vector(0))
+    emb, valid = encode_prompts(
+        model, ["a short one.", "and a somewhat longer prompt, to pad unevenly."], tiny_synth.speaker_vector(0)
+    )
     assert emb.shape[1] % PREFILL_BUCKET  # so that padding happens
     params = SamplingParams(max_new_tokens=40, min_new_tokens=40)
     plain = Engine(model.gpt).generate(emb, valid, params, seed=3)
@@ -565,6 +603,7 @@ def test_prefill_padded_to_its_bucket_samples_the_same_codes(tiny_synth):
     torch.testing.assert_close(padded.hidden, plain.hidden, rtol=1e-4, atol=1e-4)
     T = model.gpt.cfg.max_positions - 5  # a bucket's padding would leave no room: padding stops one short
     long_prompt = emb[:1, -1:].expand(1, T, -1).contiguous()
-    near_full = padded_engine.generate(long_prompt, torch.ones(1, T, dtype=torch.bool),
-                                       SamplingParams(max_new_tokens=50, min_new_tokens=50), seed=3)
+    near_full = padded_engine.generate(
+        long_prompt, torch.ones(1, T, dtype=torch.bool), SamplingParams(max_new_tokens=50, min_new_tokens=50), seed=3
+    )
     assert near_full.codes.shape[1] == 1

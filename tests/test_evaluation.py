@@ -1,4 +1,5 @@
 """`ttsq evaluate` end to end on the tiny model: the report schema, the files, the noise-floor mark, the CLI."""
+
 import json
 import os
 import subprocess
@@ -15,8 +16,19 @@ SMOKE = str(ROOT / "calibration_sets" / "smoke.jsonl")
 def evaluated(tiny_dir, tmp_path_factory):
     from evaluation.report import write_report
     from evaluation.runner import EvalConfig, run_evaluation
-    cfg = EvalConfig(model=str(tiny_dir), precisions=["int8", "bf16"], text_set=SMOKE, out="", device="cpu",
-                     limit=3, max_steps=24, repeats=1, throughput_batches=(1, 2), dnsmos=False)
+
+    cfg = EvalConfig(
+        model=str(tiny_dir),
+        precisions=["int8", "bf16"],
+        text_set=SMOKE,
+        out="",
+        device="cpu",
+        limit=3,
+        max_steps=24,
+        repeats=1,
+        throughput_batches=(1, 2),
+        dnsmos=False,
+    )
     report, utts = run_evaluation(cfg)
     out = write_report(report, utts, tmp_path_factory.mktemp("eval") / "report")
     return report, out
@@ -31,14 +43,22 @@ def test_report_schema(evaluated):
         assert perf["rtf"] > 0 and perf["steps_per_s"] > 0 and perf["size_bytes"] > 0
         assert set(perf["throughput_audio_s_per_s"]) == {"1", "2"}
         assert set(perf["stage_latency_s"]) == {"gpt", "decoder", "vocoder"}
-        for stat in (r["decoder_vocoder"]["mcd_db"], r["gpt_teacher_forced"]["top1_agreement"],
-                     r["end_to_end"]["dtw_mcd_db"], r["end_to_end"]["duration_ratio"]):
+        for stat in (
+            r["decoder_vocoder"]["mcd_db"],
+            r["gpt_teacher_forced"]["top1_agreement"],
+            r["end_to_end"]["dtw_mcd_db"],
+            r["end_to_end"]["duration_ratio"],
+        ):
             assert stat["lo"] <= stat["mean"] <= stat["hi"]
         assert len(r["per_sentence"]) == 3 and isinstance(r["within_noise_floor"], bool)
     fp32 = report["precisions"]["fp32"]
     assert fp32["decoder_vocoder"]["mcd_db"]["mean"] == 0 and fp32["gpt_teacher_forced"]["top1_agreement"]["mean"] == 1
     int8 = report["precisions"]["int8"]
-    assert 0 < int8["decoder_vocoder"]["mcd_db"]["mean"] < report["precisions"]["bf16"]["decoder_vocoder"]["mcd_db"]["mean"] * 10
+    assert (
+        0
+        < int8["decoder_vocoder"]["mcd_db"]["mean"]
+        < report["precisions"]["bf16"]["decoder_vocoder"]["mcd_db"]["mean"] * 10
+    )
     assert int8["gpt_teacher_forced"]["kl_nats"]["mean"] > 0
     assert report["noise_floor"]["dtw_mcd_db"]["mean"] > 0  # sampling alone changes the audio
 
@@ -73,7 +93,9 @@ def test_report_files(evaluated):
 def test_mcd_in_report_matches_independent_recomputation(evaluated):
     """The report's end-to-end MCD for a sentence equals MCD recomputed from the written WAVs (16-bit)."""
     import soundfile as sf
+
     from evaluation import metrics
+
     report, out = evaluated
     rid, row = next(iter(report["precisions"]["int8"]["per_sentence"].items()))
     values = []
@@ -87,9 +109,28 @@ def test_mcd_in_report_matches_independent_recomputation(evaluated):
 def test_cli_evaluate(tiny_dir, tmp_path):
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     out = tmp_path / "ev"
-    cmd = [sys.executable, "-m", "toolkit.cli", "evaluate", "--model", str(tiny_dir), "--precisions", "fp32,int8@bf16",
-           "--set", SMOKE, "--limit", "2", "--max-steps", "12", "--repeats", "1", "--no-dnsmos", "--no-asr", "--out",
-           str(out)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "toolkit.cli",
+        "evaluate",
+        "--model",
+        str(tiny_dir),
+        "--precisions",
+        "fp32,int8@bf16",
+        "--set",
+        SMOKE,
+        "--limit",
+        "2",
+        "--max-steps",
+        "12",
+        "--repeats",
+        "1",
+        "--no-dnsmos",
+        "--no-asr",
+        "--out",
+        str(out),
+    ]
     r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
     assert r.returncode == 0, r.stderr
     assert "| int8@bf16 |" in r.stdout and (out / "report.html").is_file()  # NAME@DTYPE: int8 on bf16 activations
@@ -105,10 +146,15 @@ def test_cli_evaluate(tiny_dir, tmp_path):
 def test_cepstra_computed_in_worker_processes_equal_those_computed_here():
     """Scoring spreads SPTK's analysis over processes (Cepstra.prefetch): same numbers, same too-short handling."""
     import numpy as np
+
     from evaluation.runner import Cepstra
+
     rng = np.random.default_rng(0)
-    wavs = [rng.standard_normal(12000).astype(np.float32) * 0.1, rng.standard_normal(7000).astype(np.float32) * 0.1,
-            np.zeros(100, np.float32)]  # the last is shorter than one analysis frame
+    wavs = [
+        rng.standard_normal(12000).astype(np.float32) * 0.1,
+        rng.standard_normal(7000).astype(np.float32) * 0.1,
+        np.zeros(100, np.float32),
+    ]  # the last is shorter than one analysis frame
     here, pooled = Cepstra(24000), Cepstra(24000)
     pooled.prefetch(wavs, workers=2)
     assert len(pooled._seen) == 3  # computed up front, not on use
@@ -121,7 +167,9 @@ def test_cepstra_computed_in_worker_processes_equal_those_computed_here():
 
 def test_dnsmos_in_worker_processes_equals_dnsmos_here():
     import numpy as np
+
     from evaluation.pool import dnsmos_overall, map_in_processes
+
     rng = np.random.default_rng(1)
     items = [(rng.standard_normal(16000 * 2).astype(np.float32) * 0.1, 16000), (np.zeros(10, np.float32), 16000)]
     seen = []

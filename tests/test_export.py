@@ -1,5 +1,6 @@
 """ONNX export (toolkit.export), its quantized variants and the torch-free runtime (toolkit.runtime),
 on the tiny random model. Parity target: exported FP32 within 1e-4 (relative to the reference's peak) of torch."""
+
 from __future__ import annotations
 
 import json
@@ -23,25 +24,37 @@ def rel(a, b) -> float:
 @pytest.fixture(scope="module")
 def fp32_dir(tiny_dir, tmp_path_factory):
     from toolkit.export import export_onnx
+
     return export_onnx(tiny_dir, "fp32", tmp_path_factory.mktemp("onnx") / "fp32")
 
 
 @pytest.fixture(scope="module")
 def edge(fp32_dir):
     from toolkit.runtime import EdgeSynthesizer
+
     return EdgeSynthesizer(fp32_dir, threads=2)
 
 
 def test_manifest_and_files(fp32_dir, tiny_dir):
     m = json.loads((fp32_dir / "onnx_manifest.json").read_text())
     assert m["format"] == "ttsq-onnx" and m["precision"] == "fp32" and m["opset"] == 17
-    assert {"gpt.onnx", "decoder.onnx", "vocos.onnx", "tokenizer.json", "spk_stat.npy", "voices/alice.npy"} <= set(m["files"])
+    assert {"gpt.onnx", "decoder.onnx", "vocos.onnx", "tokenizer.json", "spk_stat.npy", "voices/alice.npy"} <= set(
+        m["files"]
+    )
     gpt = m["graphs"]["gpt"]
-    assert [i["name"] for i in gpt["inputs"]][:6] == ["ids", "text_mask", "speaker", "spk_mask", "rope_pos", "key_valid"]
+    assert [i["name"] for i in gpt["inputs"]][:6] == [
+        "ids",
+        "text_mask",
+        "speaker",
+        "spk_mask",
+        "rope_pos",
+        "key_valid",
+    ]
     assert gpt["inputs"][6]["shape"] == ["batch", 4, "past", 16] and gpt["outputs"][0]["dtype"] == "float32"
     assert m["voices"] == {"alice": "voices/alice.npy"} and m["sampling"]["penalty_window"] == 16
-    from toolkit.fileio import OutputExistsError
     from toolkit.export import export_onnx
+    from toolkit.fileio import OutputExistsError
+
     with pytest.raises(OutputExistsError):
         export_onnx(tiny_dir, "fp32", fp32_dir)
     with pytest.raises(ValueError, match="unknown export precision"):
@@ -52,6 +65,7 @@ def test_gpt_parity_prefill_and_steps(tiny_synth, edge):
     """Prefill (batch 2, left padding, speaker placed) then cached steps fed fixed codes, against torch
     teacher forcing (forward_full) on the same sequence."""
     from toolkit.prompt import encode_prompts
+
     model, gpt = tiny_synth.model, tiny_synth.model.gpt
     sentences = ["hello there, world.", "hi."]
     spk = tiny_synth.speaker_vector("alice")
@@ -64,31 +78,49 @@ def test_gpt_parity_prefill_and_steps(tiny_synth, edge):
     with torch.inference_mode():
         x = torch.cat([emb, gpt.embed_codes(codes)], 1)
         h_ref = gpt.forward_full(x, torch.cat([valid, torch.ones(B, n, dtype=torch.bool)], 1))
-        ref = gpt.code_logits(h_ref[:, T - 1:]).numpy()  # (B, n + 1, Q, V)
+        ref = gpt.code_logits(h_ref[:, T - 1 :]).numpy()  # (B, n + 1, Q, V)
     # the runtime's own loop, fed the same codes instead of sampling
     eng = edge.engine
     import onnxruntime as ort
+
     past = [ort.OrtValue.ortvalue_from_numpy(np.zeros((B, 4, 0, 16), np.float32)) for _ in range(2 * eng.L)]
     spk_ids = ids == edge.tokenizer.token_id("[spk_emb]")
     rope = np.maximum(np.cumsum(valid_np, 1) - 1, 0)
-    logits, h, past = eng._run({"ids": np.repeat(ids[..., None], 4, 2), "text_mask": np.ones((B, T), bool),
-                                "speaker": np.repeat(edge.speaker_vector("alice")[None], B, 0), "spk_mask": spk_ids,
-                                "rope_pos": rope, "key_valid": valid_np}, past)
+    logits, h, past = eng._run(
+        {
+            "ids": np.repeat(ids[..., None], 4, 2),
+            "text_mask": np.ones((B, T), bool),
+            "speaker": np.repeat(edge.speaker_vector("alice")[None], B, 0),
+            "spk_mask": spk_ids,
+            "rope_pos": rope,
+            "key_valid": valid_np,
+        },
+        past,
+    )
     got, hid = [logits], [h]
     kv = valid_np
     for i in range(n):
         kv = np.concatenate([kv, np.ones((B, 1), bool)], 1)
-        logits, h, past = eng._run({"ids": codes[:, i:i + 1].numpy(), "text_mask": np.zeros((B, 1), bool),
-                                    "speaker": np.zeros((B, 64), np.float32), "spk_mask": np.zeros((B, 1), bool),
-                                    "rope_pos": valid_np.sum(1, keepdims=True) + i, "key_valid": kv}, past)
+        logits, h, past = eng._run(
+            {
+                "ids": codes[:, i : i + 1].numpy(),
+                "text_mask": np.zeros((B, 1), bool),
+                "speaker": np.zeros((B, 64), np.float32),
+                "spk_mask": np.zeros((B, 1), bool),
+                "rope_pos": valid_np.sum(1, keepdims=True) + i,
+                "key_valid": kv,
+            },
+            past,
+        )
         got.append(logits)
         hid.append(h)
     assert rel(np.stack(got, 1), ref) < 1e-4
-    assert rel(np.stack(hid, 1), h_ref[:, T - 1:].numpy()) < 1e-4
+    assert rel(np.stack(hid, 1), h_ref[:, T - 1 :].numpy()) < 1e-4
 
 
 def test_decoder_vocos_and_stream_parity(tiny_synth, edge):
     from toolkit.runtime.dsp import istft
+
     model = tiny_synth.model
     hidden = torch.randn(1, 23, 64)
     with torch.inference_mode():
@@ -132,15 +164,18 @@ def test_speaker_strings_and_samples_match_torch(tiny_synth, edge, tmp_path):
     spk, codes, text = edge.voice(sample)
     assert spk is None and text == "hello"
     ids, ok = edge.encode(["good day."], text, speaker=False)
-    chunk = next(edge.engine.stream(ids, ok, np.zeros((1, 64), np.float32), None, SamplingParams(max_new_tokens=1),
-                                    sample=codes))
+    chunk = next(
+        edge.engine.stream(ids, ok, np.zeros((1, 64), np.float32), None, SamplingParams(max_new_tokens=1), sample=codes)
+    )
     assert rel(chunk.hidden[0, 0], want.numpy()) < 1e-4
     assert edge.synthesize("good day.", speaker=sample, params=SamplingParams(max_new_tokens=4))[0].steps > 0
 
 
 def test_sampling_matches_torch():
-    from toolkit.runtime.sampling import SamplingParams as NP, process_logits as np_pl
+    from toolkit.runtime.sampling import SamplingParams as NP
+    from toolkit.runtime.sampling import process_logits as np_pl
     from toolkit.sampling import SamplingParams, process_logits
+
     g = torch.Generator().manual_seed(0)
     logits = torch.randn(8, 626, generator=g) * 3
     hist = torch.randint(0, 627, (8, 16), generator=g)
@@ -157,14 +192,21 @@ def test_sampling_matches_torch():
 def test_quantized_exports_run(precision, tiny_dir, edge, tmp_path):
     from toolkit.export import export_onnx
     from toolkit.runtime import EdgeSynthesizer, SamplingParams
+
     calib = ROOT / "calibration_sets" / "smoke.jsonl" if precision == "int8-calib" else None
-    out = export_onnx(tiny_dir, precision.removesuffix("-calib"), tmp_path / precision, calib_set=calib,
-                      calib_limit=2, calib_steps=12)
+    out = export_onnx(
+        tiny_dir, precision.removesuffix("-calib"), tmp_path / precision, calib_set=calib, calib_limit=2, calib_steps=12
+    )
     m = json.loads((out / "onnx_manifest.json").read_text())
     q = m["graphs"]["gpt"]["quantization"]["method"]
-    assert q == {"fp16": "convert_float_to_float16", "int8": "quantize_dynamic",
-                 "int4": "MatMulNBitsQuantizer"}[precision[:4]]
+    assert (
+        q
+        == {"fp16": "convert_float_to_float16", "int8": "quantize_dynamic", "int4": "MatMulNBitsQuantizer"}[
+            precision[:4]
+        ]
+    )
     import onnx
+
     g = onnx.load(str(out / "gpt.onnx")).graph
     ops = {n.op_type for n in g.node}
     if precision.startswith("int8"):
@@ -198,20 +240,42 @@ def test_runtime_without_torch(fp32_dir, tmp_path):
     for name in BLOCKED:
         (tmp_path / "stub" / name).mkdir(parents=True)
         (tmp_path / "stub" / name / "__init__.py").write_text(
-            f"open({str(log)!r}, 'a').write({name!r} + '\\n')\nraise ImportError('{name} is blocked in this test')\n")
+            f"open({str(log)!r}, 'a').write({name!r} + '\\n')\nraise ImportError('{name} is blocked in this test')\n"
+        )
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path / "stub"), str(ROOT)])}
-    code = ("from toolkit.runtime import EdgeSynthesizer, SamplingParams\n"
-            f"s = EdgeSynthesizer({str(fp32_dir)!r}, threads=2)\n"
-            "u = s.synthesize('hello there.', speaker='seed:3', seed=2, params=SamplingParams(max_new_tokens=10))[0]\n"
-            "pieces = list(s.stream('hi.', seed=2, params=SamplingParams(max_new_tokens=10)))\n"
-            "assert u.wav.size > 0 and sum(p.size for p in pieces) > 0\n"
-            "print('ok', u.steps)\n")
+    code = (
+        "from toolkit.runtime import EdgeSynthesizer, SamplingParams\n"
+        f"s = EdgeSynthesizer({str(fp32_dir)!r}, threads=2)\n"
+        "u = s.synthesize('hello there.', speaker='seed:3', seed=2, params=SamplingParams(max_new_tokens=10))[0]\n"
+        "pieces = list(s.stream('hi.', seed=2, params=SamplingParams(max_new_tokens=10)))\n"
+        "assert u.wav.size > 0 and sum(p.size for p in pieces) > 0\n"
+        "print('ok', u.steps)\n"
+    )
     r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0 and "ok" in r.stdout, r.stderr[-2000:]
     wav = tmp_path / "out.wav"
-    r = subprocess.run([sys.executable, "-m", "toolkit.cli", "synth", "hello.", "-o", str(wav), "--model",
-                        str(fp32_dir), "--max-steps", "10", "--speaker", "alice"], env=env, capture_output=True,
-                       text=True, timeout=120, cwd=tmp_path)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "toolkit.cli",
+            "synth",
+            "hello.",
+            "-o",
+            str(wav),
+            "--model",
+            str(fp32_dir),
+            "--max-steps",
+            "10",
+            "--speaker",
+            "alice",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+    )
     assert r.returncode == 0, r.stderr[-2000:]
     assert "ONNX fp32" in r.stdout and wav.stat().st_size > 44
     assert not log.exists(), f"the edge runtime tried to import {sorted(set(log.read_text().split()))}"
@@ -219,6 +283,7 @@ def test_runtime_without_torch(fp32_dir, tmp_path):
 
 def test_cli_export(tiny_dir, tmp_path):
     from toolkit.cli import main
+
     assert main(["export", "--model", str(tiny_dir), "--precision", "int8", "--out", str(tmp_path / "e")]) == 0
     assert (tmp_path / "e" / "onnx_manifest.json").is_file()
     assert main(["export", "--model", str(tiny_dir), "--precision", "int8", "--out", str(tmp_path / "e")]) == 2
@@ -229,6 +294,7 @@ def test_gui_worker_runs_an_exported_folder(fp32_dir):
     pytest.importorskip("PySide6")
     from gui.workers import _load_onnx, model_kind
     from toolkit import SamplingParams
+
     assert model_kind(str(fp32_dir))[0] == "onnx"
     synth = _load_onnx(str(fp32_dir), "cpu")
     u = synth.synthesize("hello world.", params=SamplingParams(max_new_tokens=12), seed=1)[0]

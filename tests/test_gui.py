@@ -1,5 +1,6 @@
 """GUI tests (pytest-qt, offscreen) on the tiny random model: synthesize two precisions, table and chart, playback
 through a null audio device, cancel, close during synthesis, error dialogs, dialogs; screenshots under Xvfb."""
+
 import os
 import shutil
 import subprocess
@@ -27,6 +28,7 @@ WAIT = 180_000  # ms: a bound for a hung run, not a timing; a loaded 2-core mach
 @pytest.fixture
 def win(qtbot, tiny_dir, tmp_path):
     from gui.window import MainWindow
+
     settings = QSettings(str(tmp_path / "gui.ini"), QSettings.IniFormat)
     w = MainWindow(settings, model=str(tiny_dir), device="cpu")
     qtbot.addWidget(w)
@@ -53,8 +55,12 @@ def test_synthesize_two_precisions_table_chart_playback(qtbot, win, tmp_path):
     win.set_precisions(["fp32", "int8"])
     win.asr.setChecked(True)
     assert win.checked_precisions() == ["fp32", "int8"]
-    assert not win.precision_list.item(list(__import__("toolkit.precision.recipes", fromlist=["RECIPES"]).RECIPES)
-                                       .index("fp8")).flags() & Qt.ItemIsEnabled  # fp8 is greyed on the CPU
+    assert (
+        not win.precision_list.item(
+            list(__import__("toolkit.precision.recipes", fromlist=["RECIPES"]).RECIPES).index("fp8")
+        ).flags()
+        & Qt.ItemIsEnabled
+    )  # fp8 is greyed on the CPU
     qtbot.keyClick(win.text, Qt.Key_Return, Qt.ControlModifier)  # Ctrl+Enter synthesizes
     assert win.busy()
     _wait_idle(qtbot, win)
@@ -79,7 +85,8 @@ def test_synthesize_two_precisions_table_chart_playback(qtbot, win, tmp_path):
     assert ys == pytest.approx({n: win.results[n]["asr_rate"] for n in ys})
     win.chart_axis.setCurrentText("MCD vs FP32")
     assert {n: win.chart.series[n].at(0).y() for n in win.chart.series} == pytest.approx(
-        {n: win.results[n]["mcd_db"] for n in ys})
+        {n: win.results[n]["mcd_db"] for n in ys}
+    )
     assert "MCD" in win.chart.ax_y.titleText()
     win.chart_axis.setCurrentText("DNSMOS")
     assert not win.chart.points and not any(s.count() for s in win.chart.series.values())
@@ -108,13 +115,20 @@ def test_synthesize_two_precisions_table_chart_playback(qtbot, win, tmp_path):
     _wait_idle(qtbot, win)
     assert win.error_box is None, win.error_box.text()
     import json
+
     rep = json.loads((tmp_path / "report" / "report.json").read_text())
     assert rep["schema"] == "ttsq-eval/1" and set(rep["precisions"]) == {"fp32", "int8"}
     assert rep["noise_floor"]["dtw_mcd_db"] is not None
     for name in ("fp32", "int8"):  # the ASR rows in the shape of ttsq evaluate's per_sentence rows
         row = rep["precisions"][name]["per_sentence"]["gui-001"]["asr"]
-        assert row == [win.results[name]["asr"]] and set(row[0]) == {"heard", "ref_tokens", "sub", "dele", "ins",
-                                                                     "language"}
+        assert row == [win.results[name]["asr"]] and set(row[0]) == {
+            "heard",
+            "ref_tokens",
+            "sub",
+            "dele",
+            "ins",
+            "language",
+        }
         assert rep["precisions"][name]["end_to_end"]["intelligibility"]["wer"]["n"] == 1
     assert rep["asr"]["model"] == "whisper-base" and "asr_gap_vs_fp32" in rep["precisions"]["int8"]
     assert "WER en" in (tmp_path / "report" / "report.md").read_text()
@@ -125,6 +139,7 @@ def test_synthesize_two_precisions_table_chart_playback(qtbot, win, tmp_path):
 def tiny_artifact(tiny_dir, tmp_path_factory) -> Path:
     """An int8 artifact of the tiny model (round to nearest: fast), which records tiny_dir as its source."""
     from toolkit.quantize_job import quantize_to_artifact
+
     return quantize_to_artifact(str(tiny_dir), "int8", tmp_path_factory.mktemp("art") / "tiny-q8")[0]
 
 
@@ -151,8 +166,9 @@ def test_artifact_is_compared_with_its_source_fp32(qtbot, win, tiny_dir, tiny_ar
     win.synthesize()  # nothing new to run
     assert not win.busy() and "nothing new" in win.progress_label.text()
     win.close()
-    w2 = __import__("gui.window", fromlist=["MainWindow"]).MainWindow(QSettings(str(tmp_path / "gui.ini"),
-                                                                               QSettings.IniFormat))
+    w2 = __import__("gui.window", fromlist=["MainWindow"]).MainWindow(
+        QSettings(str(tmp_path / "gui.ini"), QSettings.IniFormat)
+    )
     qtbot.addWidget(w2)
     assert w2.model_path() == str(tiny_artifact) and w2.precision_list.isEnabled()
     assert w2.checked_precisions() == ["fp32"] and w2.make_job().model == str(tiny_dir)
@@ -185,6 +201,7 @@ def test_noise_floor_band_verdict_labels_and_click(qtbot, win):
     assert win.a_combo.currentText() == "int8"
     # the report takes the floor measured here instead of measuring it again
     from gui import report
+
     calls = []
     real = report.measure_noise_floor
     report.measure_noise_floor = lambda *a, **k: calls.append(1) or real(*a, **k)
@@ -263,6 +280,7 @@ def test_without_the_asr_extra(qtbot, win, tmp_path, monkeypatch):
 
     def missing(*_a, **_k):
         raise asr.ASRUnavailable(asr.MISSING_EXTRA)
+
     monkeypatch.setattr(asr, "Transcriber", missing)
     win.asr.setChecked(True)
     win.synthesize()
@@ -293,6 +311,7 @@ def test_qt_multimedia_fallback(qtbot, monkeypatch):
     import numpy as np
 
     from gui import player
+
     monkeypatch.setattr(player, "_sounddevice", lambda: None)
     p = player.Player()
     if p.backend() is None:
@@ -307,8 +326,9 @@ def test_cancel_long_run(qtbot, win):
     win.max_steps.setValue(2048)
     win.set_precisions(["fp32", "int8"])
     win.synthesize()
-    qtbot.waitUntil(lambda: "synthesizing" in win.progress_label.text() or "sentence" in win.progress_label.text(),
-                    timeout=WAIT)
+    qtbot.waitUntil(
+        lambda: "synthesizing" in win.progress_label.text() or "sentence" in win.progress_label.text(), timeout=WAIT
+    )
     qtbot.keyClick(win, Qt.Key_Escape)  # Esc cancels
     _wait_idle(qtbot, win)
     assert win.progress_label.text() == "cancelled"
@@ -319,8 +339,9 @@ def test_close_during_synthesis(qtbot, win):
     win.text.setPlainText("hello world. " * 12)
     win.max_steps.setValue(2048)
     win.synthesize()
-    qtbot.waitUntil(lambda: "synthesizing" in win.progress_label.text() or "sentence" in win.progress_label.text(),
-                    timeout=WAIT)
+    qtbot.waitUntil(
+        lambda: "synthesizing" in win.progress_label.text() or "sentence" in win.progress_label.text(), timeout=WAIT
+    )
     win.close()
     assert not win.isVisible()
     _wait_idle(qtbot, win)  # the worker stops at its next step; the window then closes for real
@@ -333,8 +354,9 @@ def test_switching_model_during_synthesis(qtbot, win, tiny_dir, tmp_path):
     win.max_steps.setValue(64)
     win.set_precisions(["fp32", "int8"])
     win.synthesize()
-    qtbot.waitUntil(lambda: "synthesizing" in win.progress_label.text() or "sentence" in win.progress_label.text(),
-                    timeout=WAIT)
+    qtbot.waitUntil(
+        lambda: "synthesizing" in win.progress_label.text() or "sentence" in win.progress_label.text(), timeout=WAIT
+    )
     win.set_model(str(other))  # mid-run: the running job keeps its model, the next run takes the new one
     assert "next run" in win.statusBar().currentMessage()
     _wait_idle(qtbot, win)
@@ -352,10 +374,12 @@ def test_switching_model_during_synthesis(qtbot, win, tiny_dir, tmp_path):
 def test_control_tokens_follow_the_checkbox(qtbot, win, tmp_path, monkeypatch):
     from toolkit.synthesizer import Synthesizer
     from toolkit.text import USER_CONTROL
+
     seen = []  # control_tokens of every synthesis call: the runs, warm-ups and the report's noise floor
     real = Synthesizer.synthesize
-    monkeypatch.setattr(Synthesizer, "synthesize",
-                        lambda self, *a, **k: seen.append(k.get("control_tokens")) or real(self, *a, **k))
+    monkeypatch.setattr(
+        Synthesizer, "synthesize", lambda self, *a, **k: seen.append(k.get("control_tokens")) or real(self, *a, **k)
+    )
     assert not win.control_tokens.isChecked() and not win.make_job().control_tokens  # text, unless asked
     index = next(i for i in range(1, win.samples.count()) if USER_CONTROL.search(win.samples.itemData(i)))
     win._pick_sample(index)  # a calibration sentence that writes [laugh]/[uv_break] as controls
@@ -374,6 +398,7 @@ def test_speaker_field_takes_strings_and_files(qtbot, win, tmp_path):
     import numpy as np
 
     from toolkit.speakers import encode_vector
+
     vec = np.random.default_rng(0).standard_normal(64).astype(np.float16)
     win.speaker.setCurrentText(encode_vector(vec))  # a ChatTTS speaker string
     win.synthesize()
@@ -403,6 +428,7 @@ def test_bad_model_path_shows_dialog(qtbot, win):
 
 def test_settings_persist(qtbot, tiny_dir, tmp_path):
     from gui.window import MainWindow
+
     settings = QSettings(str(tmp_path / "gui.ini"), QSettings.IniFormat)
     w = MainWindow(settings, model=str(tiny_dir), device="cpu")
     qtbot.addWidget(w)
@@ -423,6 +449,7 @@ def test_settings_persist(qtbot, tiny_dir, tmp_path):
 
 def test_quantize_dialog_writes_artifact(qtbot, win, tiny_dir, tmp_path):
     from gui.dialogs import CALIB_DIR, ExportDialog, QuantizeDialog
+
     d = QuantizeDialog(str(tiny_dir), "cpu", win)
     qtbot.addWidget(d)
     # only calibration texts are offered: the evaluation's own sets would contaminate it (issue 40, item 7)
@@ -438,8 +465,10 @@ def test_quantize_dialog_writes_artifact(qtbot, win, tiny_dir, tmp_path):
     d.keep.setValue(1)
     d.precision.setCurrentText("int8")
     assert d.out.text().endswith(f"{tiny_dir.name}-int8")  # the default folder says what it holds
-    assert "Stages: calibrate, reference outputs, scale search, sensitivity, quantize, stage errors, save" in \
-        d.stage.text()
+    assert (
+        "Stages: calibrate, reference outputs, scale search, sensitivity, quantize, stage errors, save"
+        in d.stage.text()
+    )
     d.out.setText(str(tmp_path / "q8"))
     d.precision.setCurrentText("int8")  # a folder the user typed is kept
     assert d.out.text() == str(tmp_path / "q8")
@@ -449,8 +478,9 @@ def test_quantize_dialog_writes_artifact(qtbot, win, tiny_dir, tmp_path):
     # every stage shown with its time, then a summary of what was kept and the stages' errors
     for stage in d.planned_stages():
         assert f"✓ {stage} (" in d.stages.text(), d.stages.text()
-    assert "1 kept in float (" in d.stage.text() and "Error against FP32 on the calibration texts: gpt" in \
-        d.stage.text()
+    assert (
+        "1 kept in float (" in d.stage.text() and "Error against FP32 on the calibration texts: gpt" in d.stage.text()
+    )
     d.run_button.click()  # the folder exists now: the error names the dialog's own control, not a flag
     qtbot.waitUntil(lambda: d.stage.text().startswith("Failed"), timeout=WAIT)
     assert "“replace an existing output folder”" in d.stage.text() and "--" not in d.stage.text()
@@ -464,6 +494,7 @@ def test_quantize_dialog_writes_artifact(qtbot, win, tiny_dir, tmp_path):
     e.precision.setCurrentText("fp32")
     assert e.out.text().endswith(f"{tiny_dir.name}-onnx-fp32")
     from gui.dialogs import export_available
+
     ok, why = export_available()
     assert e.run_button.isEnabled() == ok and (ok or "unavailable" in e.stage.text())
     if ok:  # the dialog runs the same export as `ttsq export`, and the window then treats it as an ONNX model
@@ -478,11 +509,16 @@ def test_quantize_dialog_writes_artifact(qtbot, win, tiny_dir, tmp_path):
 
 def test_errors_name_the_gui_controls():
     from gui.messages import for_gui
+
     m = for_gui("q already exists; pass --force to replace it, or choose another --out")
-    assert m == "q already exists; tick “replace an existing output folder” to replace it, or choose another " \
-                "“Output folder”"
-    m = for_gui("x holds int4 weights packed for cuda, but the target device is cpu; run it with --device cuda, or "
-                "re-quantize on this device: ttsq quantize --device cpu ...")
+    assert (
+        m == "q already exists; tick “replace an existing output folder” to replace it, or choose another "
+        "“Output folder”"
+    )
+    m = for_gui(
+        "x holds int4 weights packed for cuda, but the target device is cpu; run it with --device cuda, or "
+        "re-quantize on this device: ttsq quantize --device cpu ..."
+    )
     assert "--" not in m and "“Device” cuda" in m and "Tools ▸ Quantize… with “Device” cpu" in m
 
 
@@ -493,22 +529,51 @@ def test_walkthrough_compares_an_int4_artifact_with_fp32_under_xvfb(tiny_dir, tm
     The committed docs/gui/ pictures come from the shipped voice (README.md there); a plain run leaves the repo
     alone."""
     from toolkit.quantize_job import quantize_to_artifact
+
     art = quantize_to_artifact(str(tiny_dir), "int4-g32", tmp_path / "tiny-q4")[0]
     out = tmp_path / "screens"
     display = ":%d" % (90 + os.getpid() % 50)
-    xvfb = subprocess.Popen(["Xvfb", display, "-screen", "0", "1600x1000x24", "-nolisten", "tcp"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    xvfb = subprocess.Popen(
+        ["Xvfb", display, "-screen", "0", "1600x1000x24", "-nolisten", "tcp"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         env = dict(os.environ, DISPLAY=display, QT_QPA_PLATFORM="xcb", XDG_CONFIG_HOME=str(tmp_path))
-        r = subprocess.run([sys.executable, "-m", "gui.screenshots", str(out), "--model", str(tiny_dir),
-                            "--artifact", str(art), "--precisions", "fp32", "--max-steps", "10", "--no-asr"],
-                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+        r = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "gui.screenshots",
+                str(out),
+                "--model",
+                str(tiny_dir),
+                "--artifact",
+                str(art),
+                "--precisions",
+                "fp32",
+                "--max-steps",
+                "10",
+                "--no-asr",
+            ],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=900,
+        )
         assert r.returncode == 0, r.stderr[-3000:]
     finally:
         xvfb.terminate()
         xvfb.wait()
-    for name in ("01-start.png", "03-results.png", "04-artifact-vs-fp32.png", "05-results-1024px.png",
-                 "06-quantize-dialog.png", "08-error-dialog.png"):
+    for name in (
+        "01-start.png",
+        "03-results.png",
+        "04-artifact-vs-fp32.png",
+        "05-results-1024px.png",
+        "06-quantize-dialog.png",
+        "08-error-dialog.png",
+    ):
         assert (out / name).stat().st_size > 5000, name
     assert "result fp32: " in r.stdout and "noise floor: MCD " in r.stdout, r.stdout
     line = next(x for x in r.stdout.splitlines() if x.startswith("result tiny-q4: "))

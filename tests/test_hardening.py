@@ -1,4 +1,5 @@
 """Failures while writing leave nothing half-written and keep what was there; hostile inputs get clear errors."""
+
 import errno
 import threading
 from pathlib import Path
@@ -79,6 +80,7 @@ def test_unsupported_characters_still_speak(tiny_synth):
 
 def test_out_of_range_token_ids_are_reported(tiny_dir):
     from toolkit import Synthesizer
+
     s = Synthesizer(tiny_dir, "cpu")
     s.model.gpt.cfg.num_text_tokens = 5  # as if the tokenizer belonged to another model
     with pytest.raises(ValueError, match="wrong tokenizer"):
@@ -90,11 +92,14 @@ def test_out_of_memory_is_named_and_the_next_request_is_served(tiny_dir, monkeyp
     then the same synthesizer serves the next request exactly as a fresh one would."""
     from toolkit import OutOfMemory, Synthesizer
     from toolkit.models.gpt import GPT
+
     s = Synthesizer(tiny_dir, "cpu")
     params = SamplingParams(max_new_tokens=20)
     expected = Synthesizer(tiny_dir, "cpu").synthesize("hello there.", seed=3, params=params)[0].wav
     real = GPT.setup_caches
-    monkeypatch.setattr(GPT, "setup_caches", lambda self, batch, length, *a, **k: real(self, batch * 10**9, length, *a, **k))
+    monkeypatch.setattr(
+        GPT, "setup_caches", lambda self, batch, length, *a, **k: real(self, batch * 10**9, length, *a, **k)
+    )
     with pytest.raises(OutOfMemory, match="smaller batch_size"):
         s.synthesize(["a big batch."] * 4, params=params)
     with pytest.raises(OutOfMemory, match="serves the next request"):
@@ -111,7 +116,9 @@ def test_cli_reports_out_of_memory_without_traceback(tiny_dir, tmp_path, monkeyp
         raise RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried to allocate 1 TB")
 
     monkeypatch.setattr(GPT, "setup_caches", no_memory)
-    assert cli.main(["synth", "hello.", "-o", str(tmp_path / "x.wav"), "--model", str(tiny_dir), "--device", "cpu"]) != 0
+    assert (
+        cli.main(["synth", "hello.", "-o", str(tmp_path / "x.wav"), "--model", str(tiny_dir), "--device", "cpu"]) != 0
+    )
     err = capsys.readouterr().err
     assert "ran out of memory" in err and "Traceback" not in err
     assert not (tmp_path / "x.wav").exists()
@@ -119,6 +126,7 @@ def test_cli_reports_out_of_memory_without_traceback(tiny_dir, tmp_path, monkeyp
 
 def _copy(src: Path, dst: Path) -> Path:
     import shutil
+
     shutil.copytree(src, dst)
     return dst
 
@@ -126,6 +134,7 @@ def _copy(src: Path, dst: Path) -> Path:
 def test_bit_flip_is_reported_and_nan_never_reaches_a_wav(tiny_dir, tmp_path):
     from toolkit import Synthesizer, cli
     from toolkit.synthesizer import NumericalError
+
     bad = _copy(tiny_dir, tmp_path / "flipped")
     data = bytearray((bad / "model.safetensors").read_bytes())
     data[-9] ^= 0x7F  # inside the last tensor's bytes: the header still parses
@@ -147,9 +156,13 @@ def test_checkpoint_of_another_architecture_is_named(tiny_dir, tmp_path):
     import json
 
     from safetensors.torch import save_file
+
     from toolkit.checkpoint import CheckpointError, write_manifest
-    bert = {"bert.embeddings.word_embeddings.weight": torch.zeros(10, 4),
-            "bert.encoder.layer.0.attention.self.query.weight": torch.zeros(4, 4)}
+
+    bert = {
+        "bert.embeddings.word_embeddings.weight": torch.zeros(10, 4),
+        "bert.encoder.layer.0.attention.self.query.weight": torch.zeros(4, 4),
+    }
     hf = tmp_path / "hf-bert"  # a Hugging Face folder of another model
     hf.mkdir()
     (hf / "config.json").write_text('{"model_type": "bert"}')
@@ -158,8 +171,11 @@ def test_checkpoint_of_another_architecture_is_named(tiny_dir, tmp_path):
         load_model(hf)
     other = _copy(tiny_dir, tmp_path / "bert-in-ttsq")  # another model's weights behind a consistent manifest
     save_file(bert, str(other / "model.safetensors"))
-    fields = {k: v for k, v in json.loads((other / "manifest.json").read_text()).items()
-              if k not in ("format", "format_version", "files")}
+    fields = {
+        k: v
+        for k, v in json.loads((other / "manifest.json").read_text()).items()
+        if k not in ("format", "format_version", "files")
+    }
     write_manifest(other, fields)
     with pytest.raises(CheckpointError) as e:
         load_model(other)
@@ -168,6 +184,7 @@ def test_checkpoint_of_another_architecture_is_named(tiny_dir, tmp_path):
 
 def test_missing_tokenizer_is_named(tiny_dir, tmp_path):
     from toolkit.checkpoint import CheckpointError
+
     bad = _copy(tiny_dir, tmp_path / "no-tokenizer")
     (bad / "tokenizer.json").unlink()
     with pytest.raises(CheckpointError, match="tokenizer.json.*missing"):
@@ -183,6 +200,7 @@ def test_very_large_batch_works(tiny_synth):
 def test_force_replaces_only_a_ttsq_folder(tmp_path):
     """--force on quantize/export/save once deleted any folder it was pointed at, a user's documents included."""
     from toolkit.fileio import OutputExistsError, atomic_dir
+
     docs = tmp_path / "mydocs"
     docs.mkdir()
     (docs / "thesis.txt").write_text("years of work")

@@ -1,5 +1,6 @@
 """The Triton decode step (toolkit/kernels.py) against the PyTorch one. Without a GPU the kernels run under Triton's
 interpreter (numpy, slow: tiny model, few steps); on CUDA the same tests run compiled."""
+
 import os
 
 import pytest
@@ -9,10 +10,12 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")  # read when the kernels are defined, so set before the import
 pytest.importorskip("triton")
 
-from toolkit import kernels  # noqa: E402
-from toolkit.bench import _prompt, random_model  # noqa: E402
-from toolkit import decode  # noqa: E402
+from toolkit import (
+    decode,  # noqa: E402
+    kernels,  # noqa: E402
+)
 from toolkit import engine as engine_module  # noqa: E402
+from toolkit.bench import _prompt, random_model  # noqa: E402
 from toolkit.engine import Engine  # noqa: E402
 from toolkit.models.config import GPTConfig  # noqa: E402
 from toolkit.models.gpt import GPT  # noqa: E402
@@ -28,11 +31,18 @@ def fewer_programs_under_the_interpreter(monkeypatch):
     on CUDA the shipped ones run). Attention keeps small runs and blocks, so that each run loops over blocks and
     several runs are combined."""
     if DEVICE.type == "cpu":
-        monkeypatch.setattr(kernels, "CONFIGS", dict(kernels.CONFIGS, linear=dict(block_n=16, block_k=64, warps=1),
-                                                      gate=dict(block_n=16, block_k=64, warps=1),
-                                                      qkv=dict(pairs=8, block_k=64, warps=1),
-                                                      oproj=dict(block_n=16, block_k=64, warps=1),
-                                                      attention=dict(splits=4, block_s=4, warps=1)))
+        monkeypatch.setattr(
+            kernels,
+            "CONFIGS",
+            dict(
+                kernels.CONFIGS,
+                linear=dict(block_n=16, block_k=64, warps=1),
+                gate=dict(block_n=16, block_k=64, warps=1),
+                qkv=dict(pairs=8, block_k=64, warps=1),
+                oproj=dict(block_n=16, block_k=64, warps=1),
+                attention=dict(splits=4, block_s=4, warps=1),
+            ),
+        )
 
 
 def odd_widths_gpt() -> GPT:
@@ -45,13 +55,21 @@ def odd_widths_gpt() -> GPT:
 def small_vocab_gpt() -> GPT:
     """100 codes per codebook instead of 626: the sampler sorts a 128-wide row, which the interpreter can afford."""
     torch.manual_seed(0)
-    cfg = GPTConfig(hidden=64, layers=2, heads=4, intermediate=128, max_positions=256, num_text_tokens=32,
-                    num_audio_tokens=100)
+    cfg = GPTConfig(
+        hidden=64, layers=2, heads=4, intermediate=128, max_positions=256, num_text_tokens=32, num_audio_tokens=100
+    )
     return GPT(cfg).to(DEVICE).eval().requires_grad_(False)
 
 
-@pytest.mark.parametrize("dtype, atol, dims", [(torch.float32, 1e-5, "tiny"), (torch.bfloat16, 0.1, "tiny"),
-                                               (torch.float16, 0.02, "tiny"), (torch.float32, 1e-5, "odd")])
+@pytest.mark.parametrize(
+    "dtype, atol, dims",
+    [
+        (torch.float32, 1e-5, "tiny"),
+        (torch.bfloat16, 0.1, "tiny"),
+        (torch.float16, 0.02, "tiny"),
+        (torch.float32, 1e-5, "odd"),
+    ],
+)
 def test_decode_forward_matches_the_pytorch_forward_and_writes_the_same_cache(dtype, atol, dims):
     gpt = (random_model("tiny", DEVICE).gpt if dims == "tiny" else odd_widths_gpt()).to(dtype)
     B, S, slot = 2, 64, 20
@@ -93,11 +111,16 @@ def test_engine_with_kernels_samples_the_same_codes(monkeypatch):
     torch.testing.assert_close(got.hidden, want.hidden, atol=1e-5, rtol=0)
 
 
-@pytest.mark.parametrize("params, dtype", [
-    (SamplingParams(), torch.float32), (SamplingParams(top_p=1.0, repetition_penalty=1.0, top_k=5), torch.float32),
-    (SamplingParams(temperature=(0.3, 0.7, 1.0, 0.5), top_p=0.3, min_keep=2), torch.float32),
-    (SamplingParams(), torch.bfloat16),
-    (SamplingParams(top_k=100, top_p=0.9), torch.float32)])  # top_k = the vocabulary: PyTorch samples instead
+@pytest.mark.parametrize(
+    "params, dtype",
+    [
+        (SamplingParams(), torch.float32),
+        (SamplingParams(top_p=1.0, repetition_penalty=1.0, top_k=5), torch.float32),
+        (SamplingParams(temperature=(0.3, 0.7, 1.0, 0.5), top_p=0.3, min_keep=2), torch.float32),
+        (SamplingParams(), torch.bfloat16),
+        (SamplingParams(top_k=100, top_p=0.9), torch.float32),
+    ],
+)  # top_k = the vocabulary: PyTorch samples instead
 def test_fused_sampling_step_does_what_the_pytorch_step_does(params, dtype):
     """One launch samples, keeps the books and embeds the codes: every buffer of the state ends as the PyTorch
     step leaves it, over steps where EOS is first barred (min_new) and then taken. Each step starts both from the

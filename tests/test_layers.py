@@ -2,6 +2,7 @@
 
 Every import counts, those inside functions too (a lazy import still ties the two modules together), and importing
 a.b.c also runs a.b's __init__, so it counts as an arrow to a.b unless the importer sits inside a.b already."""
+
 import ast
 import sys
 from pathlib import Path
@@ -12,15 +13,33 @@ PACKAGES = ("toolkit", "evaluation", "gui", "training")
 # bottom to top; a module's layer is its longest prefix here. A module may import its own layer and those below.
 LAYERS = [
     # torch-free leaves: settings, files, text, the progress bar, the weight type checks, the edge runtime
-    ["toolkit.params", "toolkit.fileio", "toolkit.text", "toolkit.progress", "toolkit.weights", "toolkit.audio",
-     "toolkit.frontend", "toolkit.plan", "toolkit.textsets", "toolkit.sampling", "toolkit.runtime"],
+    [
+        "toolkit.params",
+        "toolkit.fileio",
+        "toolkit.text",
+        "toolkit.progress",
+        "toolkit.weights",
+        "toolkit.audio",
+        "toolkit.frontend",
+        "toolkit.plan",
+        "toolkit.textsets",
+        "toolkit.sampling",
+        "toolkit.runtime",
+    ],
     ["toolkit.models"],
     ["toolkit.checkpoint"],
     ["toolkit.decode", "toolkit.kernels", "toolkit.engine", "toolkit.prompt", "toolkit.streaming"],
     ["toolkit.precision"],
     # one synthesizer API and what is built on it (the package's own names load it)
-    ["toolkit", "toolkit.synthesizer", "toolkit.batching", "toolkit.serving", "toolkit.quantize_job",
-     "toolkit.export", "toolkit.bench"],
+    [
+        "toolkit",
+        "toolkit.synthesizer",
+        "toolkit.batching",
+        "toolkit.serving",
+        "toolkit.quantize_job",
+        "toolkit.export",
+        "toolkit.bench",
+    ],
     ["evaluation"],
     ["toolkit.cli", "gui"],  # entry points: `ttsq gui` starts the GUI
     ["toolkit.voice", "training"],  # the voice lab: reads the library and evaluation, nothing imports it
@@ -56,14 +75,16 @@ def import_graph(root: Path = ROOT) -> dict[str, set[str]]:
             elif isinstance(node, ast.ImportFrom):
                 base = node.module or ""
                 if node.level:
-                    base = ".".join(package[:len(package) - node.level + 1] + ([node.module] if node.module else []))
-                targets |= {known(f"{base}.{a.name}") if f"{base}.{a.name}" in mods else known(base)
-                            for a in node.names}
+                    base = ".".join(package[: len(package) - node.level + 1] + ([node.module] if node.module else []))
+                targets |= {
+                    known(f"{base}.{a.name}") if f"{base}.{a.name}" in mods else known(base) for a in node.names
+                }
         edges = set()
         for t in targets - {None, m}:
             parts = t.split(".")
-            edges |= {".".join(parts[:i]) for i in range(1, len(parts) + 1)
-                      if not m.startswith(".".join(parts[:i]) + ".")}  # parents m is inside have run already
+            edges |= {
+                ".".join(parts[:i]) for i in range(1, len(parts) + 1) if not m.startswith(".".join(parts[:i]) + ".")
+            }  # parents m is inside have run already
         graph[m] = edges - {m}
     return graph
 

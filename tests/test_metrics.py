@@ -56,13 +56,13 @@ def _synthetic_speech(seconds: float = 2.5, seed: int = 0) -> np.ndarray:
     vowels = [(730, 1090, 2440), (270, 2290, 3010), (570, 840, 2410), (530, 1840, 2480), (300, 870, 2240)]
     out = np.zeros(n)
     for s0 in range(0, n, seg):
-        y = src[max(0, s0 - 600): s0 + seg]  # 25 ms of history lets the resonators ring in
+        y = src[max(0, s0 - 600) : s0 + seg]  # 25 ms of history lets the resonators ring in
         acc = np.zeros_like(y)
         for fc, bw, gain in zip(vowels[(s0 // seg) % len(vowels)], (90, 110, 160), (1.0, 0.5, 0.25)):
             r = math.exp(-math.pi * bw / SR)
             acc += gain * lfilter([1 - r * r], [1, -2 * r * math.cos(2 * math.pi * fc / SR), r * r], y)
-        acc = acc[len(y) - min(seg, n - s0):]
-        out[s0: s0 + len(acc)] = acc
+        acc = acc[len(y) - min(seg, n - s0) :]
+        out[s0 : s0 + len(acc)] = acc
     env = (np.sin(2 * np.pi * 1.1 * t + 1.0) > -0.7).astype(float)
     out *= np.convolve(env, np.hanning(1200) / np.hanning(1200).sum(), mode="same")
     return 0.5 * out / np.max(np.abs(out))
@@ -90,8 +90,9 @@ def ref_mc(speech: np.ndarray) -> np.ndarray:
 @pytest.fixture(scope="module")
 def ladder(speech: np.ndarray, ref_mc: np.ndarray) -> dict[str, list[float]]:
     """Every metric on clean speech (first entry) and at each SNR in SNRS."""
-    rows: dict[str, list[float]] = {k: [] for k in (
-        "mcd_none", "mcd_dtw", "log_mel", "pesq", "stoi", "ovrl", "bak", "p808")}
+    rows: dict[str, list[float]] = {
+        k: [] for k in ("mcd_none", "mcd_dtw", "log_mel", "pesq", "stoi", "ovrl", "bak", "p808")
+    }
     for i, snr in enumerate((None, *SNRS)):
         y = speech if snr is None else _add_noise(speech, snr, seed=i)
         mc = ref_mc if snr is None else M.mel_cepstrum(y, SR)
@@ -112,7 +113,7 @@ def ladder(speech: np.ndarray, ref_mc: np.ndarray) -> dict[str, list[float]]:
 
 
 def test_identical_inputs_are_perfect(speech: np.ndarray) -> None:
-    clip = speech[: SR]  # 1 s keeps the two mcd() calls cheap
+    clip = speech[:SR]  # 1 s keeps the two mcd() calls cheap
     for align in ("none", "dtw"):
         res = M.mcd(clip, clip, SR, align=align)
         assert res.value_db == 0.0
@@ -124,10 +125,19 @@ def test_identical_inputs_are_perfect(speech: np.ndarray) -> None:
     assert M.log_mel_distance(speech, speech, SR) == 0.0
 
 
-@pytest.mark.parametrize("metric, worse", [
-    ("mcd_none", "up"), ("mcd_dtw", "up"), ("log_mel", "up"),
-    ("pesq", "down"), ("stoi", "down"), ("ovrl", "down"), ("bak", "down"), ("p808", "down"),
-])
+@pytest.mark.parametrize(
+    "metric, worse",
+    [
+        ("mcd_none", "up"),
+        ("mcd_dtw", "up"),
+        ("log_mel", "up"),
+        ("pesq", "down"),
+        ("stoi", "down"),
+        ("ovrl", "down"),
+        ("bak", "down"),
+        ("p808", "down"),
+    ],
+)
 def test_more_noise_is_monotonically_worse(ladder: dict[str, list[float]], metric: str, worse: str) -> None:
     v = np.asarray(ladder[metric])  # clean, 30, 20, 10, 0 dB SNR
     if metric in ("ovrl", "bak", "p808"):
@@ -186,8 +196,9 @@ def test_dtw_is_exact_against_librosa() -> None:
     rng = np.random.default_rng(3)
     cost = rng.random((37, 51))
     pi, pj = M._dtw_path(cost)
-    acc, _ = librosa_dtw(C=cost, step_sizes_sigma=np.array([[1, 1], [0, 1], [1, 0]]),
-                         weights_add=np.zeros(3), weights_mul=np.ones(3))
+    acc, _ = librosa_dtw(
+        C=cost, step_sizes_sigma=np.array([[1, 1], [0, 1], [1, 0]]), weights_add=np.zeros(3), weights_mul=np.ones(3)
+    )
     assert cost[pi, pj].sum() == pytest.approx(acc[-1, -1], rel=1e-12)
     assert (pi[0], pj[0], pi[-1], pj[-1]) == (0, 0, 36, 50)
     steps = np.stack([np.diff(pi), np.diff(pj)], 1)
@@ -293,14 +304,17 @@ def test_bootstrap_diff_ci_is_paired() -> None:
 # --------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("bad, match", [
-    (np.zeros((2, 24000)), "1-D mono"),
-    (np.zeros(0), "empty"),
-    (np.r_[np.zeros(24000), np.nan], "non-finite"),
-    (np.r_[np.zeros(24000), np.inf], "non-finite"),
-    (np.zeros(24000, dtype=np.int16), "floating-point"),
-    (np.zeros(500), "too short"),
-])
+@pytest.mark.parametrize(
+    "bad, match",
+    [
+        (np.zeros((2, 24000)), "1-D mono"),
+        (np.zeros(0), "empty"),
+        (np.r_[np.zeros(24000), np.nan], "non-finite"),
+        (np.r_[np.zeros(24000), np.inf], "non-finite"),
+        (np.zeros(24000, dtype=np.int16), "floating-point"),
+        (np.zeros(500), "too short"),
+    ],
+)
 def test_bad_audio_is_rejected_with_clear_error(speech: np.ndarray, bad: np.ndarray, match: str) -> None:
     with pytest.raises(ValueError, match=match):
         M.mel_cepstrum(bad, SR)
@@ -367,8 +381,9 @@ def test_mcd_matches_espnet_procedure(speech: np.ndarray) -> None:
     def espnet_extract(x16: np.ndarray) -> np.ndarray:
         n = (len(x16) - 1024) // 256 + 1
         win = pysptk.sptk.hamming(1024)
-        return np.stack([pysptk.mcep(x16[256 * i: 256 * i + 1024] * win, 34, 0.46, eps=1e-6, etype=1)
-                         for i in range(n)])
+        return np.stack(
+            [pysptk.mcep(x16[256 * i : 256 * i + 1024] * win, 34, 0.46, eps=1e-6, etype=1) for i in range(n)]
+        )
 
     def to16(x: np.ndarray) -> np.ndarray:
         return np.round(np.clip(x, -1, 32767 / 32768) * 32768).astype(np.int16).astype(np.float64)
@@ -383,8 +398,7 @@ def test_mcd_matches_espnet_procedure(speech: np.ndarray) -> None:
         _, path = fastdtw(t_esp, ref_esp, dist=euclidean)
         p = np.asarray(path).T
         expected = np.mean(k * np.sqrt(np.sum((t_esp[p[0]] - ref_esp[p[1]]) ** 2, 1)))
-        ours, _ = M.cepstral_distance(ref_ours, M.mel_cepstrum(y16 / 32768, SR, settings), "dtw",
-                                      exclude_c0=False)
+        ours, _ = M.cepstral_distance(ref_ours, M.mel_cepstrum(y16 / 32768, SR, settings), "dtw", exclude_c0=False)
         assert ours == pytest.approx(expected, rel=0.02)
 
 
@@ -400,17 +414,16 @@ def test_mcd_matches_pymcd(speech: np.ndarray, tmp_path: Path) -> None:
 
     def world_mcep(x: np.ndarray) -> np.ndarray:
         _, sp, _ = pyworld.wav2world(x.astype(np.double), fs=22050, frame_period=5.0, fft_size=512)
-        return pysptk.sptk.mcep(sp, order=13, alpha=0.65, maxiter=0, etype=1, eps=1.0e-8,
-                                min_det=0.0, itype=3)
+        return pysptk.sptk.mcep(sp, order=13, alpha=0.65, maxiter=0, etype=1, eps=1.0e-8, min_det=0.0, itype=3)
 
     x = M.resample(speech, SR, 22050)
     sf.write(tmp_path / "ref.wav", x, 22050, subtype="FLOAT")
     ref_mc = world_mcep(x)
-    cases = [("plain", "none", np.clip(_add_noise(x, 20, seed=12), -1, 1)),
-             ("dtw", "dtw", resample_poly(x, 11, 10))]
+    cases = [("plain", "none", np.clip(_add_noise(x, 20, seed=12), -1, 1)), ("dtw", "dtw", resample_poly(x, 11, 10))]
     for pymcd_mode, align, y in cases:
         sf.write(tmp_path / "test.wav", y, 22050, subtype="FLOAT")
         expected = mcd_mod.Calculate_MCD(MCD_mode=pymcd_mode).calculate_mcd(
-            str(tmp_path / "ref.wav"), str(tmp_path / "test.wav"))
+            str(tmp_path / "ref.wav"), str(tmp_path / "test.wav")
+        )
         ours, _ = M.cepstral_distance(ref_mc, world_mcep(y), align, exclude_c0=False)
         assert ours == pytest.approx(expected, rel=0.02)

@@ -1,5 +1,6 @@
 """ttsq against reference outputs that the `chattts` 0.2.5 package computed on random weights saved in the
 official layout (tests/fixtures/make_chattts_fixture.py). Every output must match to 1e-4 relative error."""
+
 import json
 from pathlib import Path
 
@@ -95,15 +96,25 @@ def test_hidden_to_mel_layout(model, ref):
 
 def test_sampling_processors(ref, meta):
     s = meta["sampling"]
-    p = SamplingParams(temperature=1.0, top_p=s["top_p"], top_k=s["top_k"],
-                       repetition_penalty=s["repetition_penalty"], penalty_window=s["repetition_window"])
-    history = ref["proc_past_ids"][:, -p.penalty_window:]
+    p = SamplingParams(
+        temperature=1.0,
+        top_p=s["top_p"],
+        top_k=s["top_k"],
+        repetition_penalty=s["repetition_penalty"],
+        penalty_window=s["repetition_window"],
+    )
+    history = ref["proc_past_ids"][:, -p.penalty_window :]
     out = process_logits(ref["proc_logits"], history, p, torch.ones(len(history)))
     finite = torch.isfinite(ref["proc_out"])
     assert torch.equal(torch.isfinite(out), finite)
     assert rel(out[finite], ref["proc_out"][finite]) < TOL
-    p3 = SamplingParams(temperature=s["temperature"], top_p=s["top_p"], top_k=s["top_k"],
-                        repetition_penalty=s["repetition_penalty"], penalty_window=s["repetition_window"])
+    p3 = SamplingParams(
+        temperature=s["temperature"],
+        top_p=s["top_p"],
+        top_k=s["top_k"],
+        repetition_penalty=s["repetition_penalty"],
+        penalty_window=s["repetition_window"],
+    )
     out3 = process_logits(ref["proc_logits"], history, p3, torch.full((len(history),), s["temperature"]))
     finite = torch.isfinite(ref["proc_out_t03"])
     assert torch.equal(torch.isfinite(out3), finite)
@@ -111,6 +122,8 @@ def test_sampling_processors(ref, meta):
 
 
 def test_chattts_folder_synthesizes(model):
-    from toolkit import SamplingParams as SP, Synthesizer
+    from toolkit import SamplingParams as SP
+    from toolkit import Synthesizer
+
     u = Synthesizer(model, "cpu").synthesize("Hello, tiny test!", params=SP(max_new_tokens=8), seed=3)[0]
     assert u.wav.shape == (512 * u.steps - 256,) and torch.isfinite(torch.from_numpy(u.wav)).all()

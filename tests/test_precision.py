@@ -1,4 +1,5 @@
 """Recipes, calibration, artifacts and `ttsq quantize` on the tiny model (CPU)."""
+
 import copy
 import json
 import os
@@ -77,6 +78,7 @@ def test_clipping_search_lowers_the_layer_error_and_restores_kept_layers(base, c
     """AWQ's int4 range search on heavy-tailed weights: the searched clip quantizes closer than min/max."""
     from toolkit.precision.calibration import clip_weights, fake_quant_weight, search_clipping
     from toolkit.precision.recipes import get_recipe
+
     recipe = get_recipe("int4-g32", torch.device("cpu"))
     torch.manual_seed(0)
     layer = torch.nn.Sequential(torch.nn.Linear(128, 64, bias=False))
@@ -117,8 +119,11 @@ def test_quantize_leaves_the_process_inductor_config_alone(base, name):
     later torch.compile in the user's process (other models included) runs with them."""
     from torch._inductor import config
 
-    knobs = {"coordinate_descent_tuning": False, "coordinate_descent_check_all_directions": False,
-             "force_fuse_int_mm_with_mul": False}
+    knobs = {
+        "coordinate_descent_tuning": False,
+        "coordinate_descent_check_all_directions": False,
+        "force_fuse_int_mm_with_mul": False,
+    }
     with config.patch(knobs):  # inductor's own way to set options for a while
         quantize(copy.deepcopy(base), name, device="cpu")
         assert {key: getattr(config, key) for key in knobs} == knobs
@@ -130,8 +135,11 @@ def test_float_dtype_runs_a_quantized_recipe_around_other_float_parts(base, tmp_
     report = quantize(model, "int8", device="cpu", float_dtype="bf16")
     assert model.gpt.norm.weight.dtype == torch.bfloat16 and report.plan.quantize
     assert type(model.gpt.layers[0].attention.wqkv.weight).__name__ != "Parameter"  # a torchao tensor
-    wav = Synthesizer(model, "cpu").synthesize(["Mixed precision."], seed=0,
-                                              params=SamplingParams(max_new_tokens=24))[0].wav
+    wav = (
+        Synthesizer(model, "cpu")
+        .synthesize(["Mixed precision."], seed=0, params=SamplingParams(max_new_tokens=24))[0]
+        .wav
+    )
     assert wav.size and np.isfinite(wav).all()
     again = load_model(save_artifact(model, tmp_path / "int8-bf16"))
     assert again.gpt.norm.weight.dtype == torch.bfloat16
@@ -167,9 +175,24 @@ def test_artifact_refuses_other_device_and_torchao(reports, tmp_path):
 def test_cli_quantize(tiny_dir, tmp_path):
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     out = tmp_path / "q"
-    cmd = [sys.executable, "-m", "toolkit.cli", "quantize", "--model", str(tiny_dir), "--precision", "int8",
-           "--calib", str(ROOT / "calibration_sets" / "smoke.jsonl"), "--out", str(out), "--max-steps", "12",
-           "--keep-sensitive", "1"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "toolkit.cli",
+        "quantize",
+        "--model",
+        str(tiny_dir),
+        "--precision",
+        "int8",
+        "--calib",
+        str(ROOT / "calibration_sets" / "smoke.jsonl"),
+        "--out",
+        str(out),
+        "--max-steps",
+        "12",
+        "--keep-sensitive",
+        "1",
+    ]
     r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
     assert r.returncode == 0, r.stderr
     assert "| int8 |" in r.stdout and "err gpt" in r.stdout
@@ -180,8 +203,13 @@ def test_cli_quantize(tiny_dir, tmp_path):
     assert r.returncode == 2 and "--force" in r.stderr
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"id": "x", "text": ""}\n')
-    r = subprocess.run(cmd[:-6] + ["--calib", str(bad), "--out", str(tmp_path / "q2")], capture_output=True,
-                       text=True, env=env, timeout=300)
+    r = subprocess.run(
+        cmd[:-6] + ["--calib", str(bad), "--out", str(tmp_path / "q2")],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
     assert r.returncode == 2 and "bad.jsonl:1:" in r.stderr and "empty" in r.stderr
 
 
@@ -239,8 +267,19 @@ def test_every_cpu_artifact_loads_and_speaks_the_same_in_a_fresh_process(reports
     for name in CPU_RECIPES:
         out = save_artifact(reports[name][0], tmp_path / name)
         runs[name] = subprocess.Popen(
-            [sys.executable, "-c", FRESH_PROCESS_SYNTH, str(out), str(tmp_path / f"{name}.npz"),
-             str(torch.get_num_threads())], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+            [
+                sys.executable,
+                "-c",
+                FRESH_PROCESS_SYNTH,
+                str(out),
+                str(tmp_path / f"{name}.npz"),
+                str(torch.get_num_threads()),
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
     for name, proc in runs.items():
         stdout, stderr = proc.communicate(timeout=300)
         assert proc.returncode == 0, f"{name}: {stderr[-2000:]}"
@@ -249,12 +288,14 @@ def test_every_cpu_artifact_loads_and_speaks_the_same_in_a_fresh_process(reports
         model = reports[name][0]
         kinds = sorted({type(w).__name__ for w in model.state_dict().values()})
         assert child["kinds"] == kinds, name  # the same tensor classes came back
-        u = Synthesizer(model, "cpu").synthesize("hi there. hello world.", params=SamplingParams(max_new_tokens=8),
-                                                 seed=3)[0]
+        u = Synthesizer(model, "cpu").synthesize(
+            "hi there. hello world.", params=SamplingParams(max_new_tokens=8), seed=3
+        )[0]
         got = np.load(tmp_path / f"{name}.npz")
         assert np.array_equal(got["codes"], np.concatenate([s.codes.numpy() for s in u.segments])), name
-        np.testing.assert_allclose(got["wav"], u.wav, rtol=0, atol=1e-6 * max(1.0, float(np.abs(u.wav).max())),
-                                   err_msg=name)
+        np.testing.assert_allclose(
+            got["wav"], u.wav, rtol=0, atol=1e-6 * max(1.0, float(np.abs(u.wav).max())), err_msg=name
+        )
     kinds = {name: sorted({type(w).__name__ for w in reports[name][0].state_dict().values()}) for name in runs}
     assert "Int4OpaqueTensor" in kinds["int4-g32"] and "Int8Tensor" in kinds["w8a8"]  # the test tests something
 
@@ -265,12 +306,20 @@ def test_quantize_reports_every_stage_and_records_its_source(tiny_dir, tmp_path,
     done == total (no stage sits silent after calibration); the artifact names the model it came from, and gets the
     umask's mode, not mkdtemp's 0700."""
     from toolkit.quantize_job import plan_stages, quantize_to_artifact
+
     seen = []
     old = os.umask(0o022)
     try:
-        out, _ = quantize_to_artifact(str(tiny_dir), name, tmp_path / "q", calib_set=ROOT / "calibration_sets" /
-                                      "smoke.jsonl", limit=2, max_steps=8, keep_sensitive=keep,
-                                      progress=lambda *a: seen.append(a))
+        out, _ = quantize_to_artifact(
+            str(tiny_dir),
+            name,
+            tmp_path / "q",
+            calib_set=ROOT / "calibration_sets" / "smoke.jsonl",
+            limit=2,
+            max_steps=8,
+            keep_sensitive=keep,
+            progress=lambda *a: seen.append(a),
+        )
     finally:
         os.umask(old)
     order = list(dict.fromkeys(s for s, _, _ in seen))

@@ -1,6 +1,7 @@
 """refine_text: ttsq's text-head stage against what chattts 0.2.5 computed on the tiny official-layout fixture
 (tests/fixtures/chattts_tiny/refine.safetensors, written by make_chattts_fixture.py), and refine through the
 library, the CLI, streaming and batching; the errors of models that cannot refine."""
+
 import json
 import os
 import subprocess
@@ -77,7 +78,7 @@ def test_text_head_logits_match_chattts(model, ref, meta, case):
     x = torch.cat([emb, gpt.emb_text(ids[:, : steps - 1])], 1)
     h = gpt.forward_full(x, torch.cat([valid, torch.ones(len(ids), steps - 1, dtype=torch.bool)], 1))
     T = emb.shape[1]
-    logits = gpt.text_logits(h[:, T - 1:]).transpose(0, 1)  # (steps, B, V)
+    logits = gpt.text_logits(h[:, T - 1 :]).transpose(0, 1)  # (steps, B, V)
     assert logits.shape == ref[f"{case}_logits"].shape
     assert rel(logits, ref[f"{case}_logits"]) < TOL
 
@@ -89,7 +90,13 @@ def test_refine_processors_match_chattts(ref, meta, case):
     s = meta["sampling"]
     p = refine_params()
     assert (p.temperature, p.top_p, p.top_k, p.repetition_penalty, p.min_keep, p.max_new_tokens) == (
-        s["temperature"], s["top_p"], s["top_k"], s["repetition_penalty"], s["min_tokens_to_keep"], 384)
+        s["temperature"],
+        s["top_p"],
+        s["top_k"],
+        s["repetition_penalty"],
+        s["min_tokens_to_keep"],
+        384,
+    )
     logits = ref[f"{case}_logits"].flatten(0, 1)
     V = logits.shape[-1]
     history = torch.full((len(logits), p.penalty_window), V)
@@ -108,8 +115,9 @@ def test_greedy_refine_gives_the_packages_tokens_and_text(model, ref, meta, case
     c = meta["cases"][case]
     emb, valid = encode_refine_prompts(model, meta["texts"], c["prompt"])
     steps = ref[f"{case}_logits"].shape[0]
-    gen = Engine(model.gpt).generate(emb, valid, refine_params(temperature=GREEDY, max_new_tokens=steps),
-                                     text_eos=meta["eos_token"])
+    gen = Engine(model.gpt).generate(
+        emb, valid, refine_params(temperature=GREEDY, max_new_tokens=steps), text_eos=meta["eos_token"]
+    )
     want = greedy_ids(ref, case)
     got = [gen.codes[j, : int(gen.lengths[j]), 0].tolist() for j in range(len(want))]
     assert got == want
@@ -148,8 +156,9 @@ def test_synthesize_and_stream_with_refine(synth):
     rp = refine_params(max_new_tokens=10)
     text = "hello world, good morning!"
     want = synth.refine(text, params=rp, seed=2)[0]
-    utt = synth.synthesize(text, params=p, seed=2, refine=True, refine_params=rp,
-                           refine_prompt="[oral_2][laugh_0][break_6]")[0]
+    utt = synth.synthesize(
+        text, params=p, seed=2, refine=True, refine_params=rp, refine_prompt="[oral_2][laugh_0][break_6]"
+    )[0]
     assert utt.text != text and utt.wav.size == 512 * utt.steps - 256 and "refine" in utt.timings
     plain = synth.synthesize(text, params=p, seed=2, refine=True, refine_params=rp)[0]
     assert plain.text == want  # synthesize refines exactly as refine() does (same sentences, batches and seeds)
@@ -184,28 +193,58 @@ def test_manifest_without_text_head_refuses_refine(tmp_path, model):
     """A ttsq folder whose manifest says text_head: false (what the voice trainer writes) is refused even with a
     ChatTTS tokenizer."""
     from toolkit.checkpoint import save_ttsq
+
     out = save_ttsq(model, tmp_path / "m", extra={"text_head": False})
     with pytest.raises(RefineError, match="text_head: false"):
         Synthesizer(out, "cpu").refine("hello.")
     assert Synthesizer(save_ttsq(model, tmp_path / "ok"), "cpu").refine(
-        "hello.", params=refine_params(max_new_tokens=4))[0]
+        "hello.", params=refine_params(max_new_tokens=4)
+    )[0]
 
 
 def run_cli(*args):
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    return subprocess.run([sys.executable, "-m", "toolkit.cli", *args], capture_output=True, text=True, env=env,
-                          cwd=ROOT, timeout=600)
+    return subprocess.run(
+        [sys.executable, "-m", "toolkit.cli", *args], capture_output=True, text=True, env=env, cwd=ROOT, timeout=600
+    )
 
 
 def test_cli_refine_and_synth_refine_on_an_official_folder(tmp_path, synth):
-    r = run_cli("refine", "hello world, good morning!", "--model", str(FIXTURE), "--max-steps", "10", "--seed", "2",
-                "--device", "cpu")
+    r = run_cli(
+        "refine",
+        "hello world, good morning!",
+        "--model",
+        str(FIXTURE),
+        "--max-steps",
+        "10",
+        "--seed",
+        "2",
+        "--device",
+        "cpu",
+    )
     assert r.returncode == 0, r.stderr
-    assert r.stdout.strip() == synth.refine("hello world, good morning!", seed=2,
-                                            params=refine_params(max_new_tokens=10))[0]
+    assert (
+        r.stdout.strip()
+        == synth.refine("hello world, good morning!", seed=2, params=refine_params(max_new_tokens=10))[0]
+    )
     wav = tmp_path / "out.wav"
-    r = run_cli("synth", "hello world.", "--model", str(FIXTURE), "--refine", "--refine-prompt", "[oral_2][laugh_0]",
-                "--refine-max-steps", "8", "--max-steps", "10", "-o", str(wav), "--device", "cpu")
+    r = run_cli(
+        "synth",
+        "hello world.",
+        "--model",
+        str(FIXTURE),
+        "--refine",
+        "--refine-prompt",
+        "[oral_2][laugh_0]",
+        "--refine-max-steps",
+        "8",
+        "--max-steps",
+        "10",
+        "-o",
+        str(wav),
+        "--device",
+        "cpu",
+    )
     assert r.returncode == 0, r.stderr
     assert wav.is_file() and "refined: " in r.stdout
 
@@ -220,6 +259,7 @@ def test_cli_refine_errors_without_traceback():
 @pytest.fixture(scope="module")
 def edge_dir(tmp_path_factory):
     from toolkit.export import export_onnx
+
     return export_onnx(FIXTURE, "fp32", tmp_path_factory.mktemp("onnx") / "chattts_tiny")
 
 
@@ -227,6 +267,7 @@ def test_edge_runtime_refines_with_the_exported_text_head(edge_dir, ref, meta):
     """The export of an official folder holds text_head.onnx; the torch-free runtime's greedy refine gives the
     package's text, and synthesize/stream refine before speaking."""
     from toolkit.runtime import EdgeSynthesizer
+
     edge = EdgeSynthesizer(edge_dir, device="cpu")
     assert (edge_dir / "text_head.onnx").is_file()
     steps = ref["plain_logits"].shape[0]
@@ -243,8 +284,10 @@ def test_edge_runtime_without_a_text_head_says_so(edge_dir, tmp_path, tiny_dir):
     """An export made before refine existed (no text_head graph) names the fix; an export of a model that cannot
     refine has no text head at all."""
     import shutil
+
     from toolkit.export import export_onnx
     from toolkit.runtime import EdgeSynthesizer
+
     old = tmp_path / "old"
     shutil.copytree(edge_dir, old)
     m = json.loads((old / "onnx_manifest.json").read_text())
@@ -260,8 +303,21 @@ def test_edge_runtime_without_a_text_head_says_so(edge_dir, tmp_path, tiny_dir):
 
 def test_cli_synth_refine_on_an_export(edge_dir, tmp_path):
     wav = tmp_path / "edge.wav"
-    r = run_cli("synth", "hello world.", "--model", str(edge_dir), "--refine", "--refine-max-steps", "6",
-                "--max-steps", "8", "-o", str(wav), "--device", "cpu")
+    r = run_cli(
+        "synth",
+        "hello world.",
+        "--model",
+        str(edge_dir),
+        "--refine",
+        "--refine-max-steps",
+        "6",
+        "--max-steps",
+        "8",
+        "-o",
+        str(wav),
+        "--device",
+        "cpu",
+    )
     assert r.returncode == 0, r.stderr
     assert wav.is_file() and "refined: " in r.stdout
     r = run_cli("refine", "hello world.", "--model", str(edge_dir), "--max-steps", "6", "--device", "cpu")
@@ -271,8 +327,10 @@ def test_cli_synth_refine_on_an_export(edge_dir, tmp_path):
 def test_gui_refine_checkbox_shows_the_refined_text(qtbot, tmp_path, tiny_dir, monkeypatch):
     pytest.importorskip("PySide6.QtCharts")
     from PySide6.QtCore import QSettings
+
     from gui.window import MainWindow
     from toolkit import refine as refine_module
+
     monkeypatch.setitem(refine_module.REFINE_DEFAULTS, "max_new_tokens", 6)  # the GUI refines with ChatTTS's
     w = MainWindow(QSettings(str(tmp_path / "gui.ini"), QSettings.IniFormat), model=str(FIXTURE), device="cpu")
     qtbot.addWidget(w)

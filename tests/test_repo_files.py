@@ -1,5 +1,6 @@
 """What the repository tracks: no large files outside the shipped assets. Weights, audio and archives belong in
 toolkit/assets/ (shipped with the package) or, small, in tests/fixtures/; a run's outputs stay out of git."""
+
 import subprocess
 from pathlib import Path
 
@@ -33,8 +34,13 @@ def tracked() -> list[str]:
 
 
 def test_the_check_refuses_large_files_outside_the_assets(tmp_path):
-    for p, size in {"docs/w.safetensors": LIMIT + 1, "toolkit/assets/voice/m.safetensors": 30 * MB,
-                    "tests/fixtures/a.bin": LIMIT + 1, "tests/fixtures/b.bin": 2 * MB + 1, "docs/ok.png": LIMIT}.items():
+    for p, size in {
+        "docs/w.safetensors": LIMIT + 1,
+        "toolkit/assets/voice/m.safetensors": 30 * MB,
+        "tests/fixtures/a.bin": LIMIT + 1,
+        "tests/fixtures/b.bin": 2 * MB + 1,
+        "docs/ok.png": LIMIT,
+    }.items():
         (tmp_path / p).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / p).write_bytes(b"\0" * size)
     found = too_large(sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*") if p.is_file()), tmp_path)

@@ -1,6 +1,7 @@
 """`ttsq serve`: the OpenAI schema and its errors, streaming equal to `ttsq synth`, cancel on disconnect, 429 under
 overload, continuous batching, an injected out-of-memory error, graceful shutdown. Real uvicorn servers on loopback
 ports, the shipped voice on the CPU. Orders of events are asserted, never durations (timeouts are generous)."""
+
 from __future__ import annotations
 
 import functools
@@ -31,8 +32,10 @@ from toolkit.synthesizer import Synthesizer  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 SHORT = "Hello there, how are you today?"
 # about 10 s of speech in three sentences: hundreds of steps after its first audio, whatever the machine's speed
-LONG = ("The quick brown fox jumps over the lazy dog near the old river bank. It was a bright and sunny morning, "
-        "and everyone went out to play. The children ran across the green fields.")
+LONG = (
+    "The quick brown fox jumps over the lazy dog near the old river bank. It was a bright and sunny morning, "
+    "and everyone went out to play. The children ran across the green fields."
+)
 TIMEOUT = httpx.Timeout(300.0)
 
 
@@ -95,23 +98,41 @@ def metric(text: str, name: str) -> float:
     return 0.0
 
 
-@pytest.mark.parametrize("body, status, param, says", [
-    (b"{not json", 400, None, "not valid JSON"),
-    (b"[1, 2]", 400, None, "JSON object"),
-    (json.dumps({"model": "tts-1", "voice": "m1"}).encode(), 400, "input", "Field required"),
-    (json.dumps({"model": "tts-1", "input": 5}).encode(), 400, "input", "string"),
-    (json.dumps({"model": "whisper-1", "input": "Hi."}).encode(), 400, "model", "not served"),
-    (json.dumps({"model": "tts-1", "input": "Hi.", "voice": "alloy"}).encode(), 400, "voice", "m1"),
-    (json.dumps({"model": "tts-1", "input": "Hi.", "voice": "/etc/hosts.txt"}).encode(), 400, "voice", "reads no files"),
-    (json.dumps({"model": "tts-1", "input": "Hi.", "voice": "乀嗲梿"}).encode(), 400, "voice", "cut short"),
-    (json.dumps({"model": "tts-1", "input": "Hi.", "response_format": "aac"}).encode(), 400, "response_format", "AAC"),
-    (json.dumps({"model": "tts-1", "input": "Hi.", "response_format": "ogg"}).encode(), 400, "response_format", "wav"),
-    (json.dumps({"model": "tts-1", "input": "Hi.", "speed": 1.5}).encode(), 400, "speed", "only 1.0"),
-    (json.dumps({"model": "tts-1", "input": "Hi.", "speed": 9}).encode(), 400, "speed", "between"),
-    (json.dumps({"model": "tts-1", "input": "  \n "}).encode(), 400, "input", "empty"),
-    (json.dumps({"model": "tts-1", "input": "Hi.", "colour": "red"}).encode(), 400, "colour", "Extra inputs"),
-    (json.dumps({"model": "tts-1", "input": "word " * 1000}).encode(), 413, "input", "limit of 4096"),
-])
+@pytest.mark.parametrize(
+    "body, status, param, says",
+    [
+        (b"{not json", 400, None, "not valid JSON"),
+        (b"[1, 2]", 400, None, "JSON object"),
+        (json.dumps({"model": "tts-1", "voice": "m1"}).encode(), 400, "input", "Field required"),
+        (json.dumps({"model": "tts-1", "input": 5}).encode(), 400, "input", "string"),
+        (json.dumps({"model": "whisper-1", "input": "Hi."}).encode(), 400, "model", "not served"),
+        (json.dumps({"model": "tts-1", "input": "Hi.", "voice": "alloy"}).encode(), 400, "voice", "m1"),
+        (
+            json.dumps({"model": "tts-1", "input": "Hi.", "voice": "/etc/hosts.txt"}).encode(),
+            400,
+            "voice",
+            "reads no files",
+        ),
+        (json.dumps({"model": "tts-1", "input": "Hi.", "voice": "乀嗲梿"}).encode(), 400, "voice", "cut short"),
+        (
+            json.dumps({"model": "tts-1", "input": "Hi.", "response_format": "aac"}).encode(),
+            400,
+            "response_format",
+            "AAC",
+        ),
+        (
+            json.dumps({"model": "tts-1", "input": "Hi.", "response_format": "ogg"}).encode(),
+            400,
+            "response_format",
+            "wav",
+        ),
+        (json.dumps({"model": "tts-1", "input": "Hi.", "speed": 1.5}).encode(), 400, "speed", "only 1.0"),
+        (json.dumps({"model": "tts-1", "input": "Hi.", "speed": 9}).encode(), 400, "speed", "between"),
+        (json.dumps({"model": "tts-1", "input": "  \n "}).encode(), 400, "input", "empty"),
+        (json.dumps({"model": "tts-1", "input": "Hi.", "colour": "red"}).encode(), 400, "colour", "Extra inputs"),
+        (json.dumps({"model": "tts-1", "input": "word " * 1000}).encode(), 413, "input", "limit of 4096"),
+    ],
+)
 def test_bad_requests_get_clear_errors_and_the_server_serves_on(server, body, status, param, says):
     r = server.client.post("/v1/audio/speech", content=body, headers={"content-type": "application/json"})
     assert r.status_code == status, r.text
@@ -126,8 +147,14 @@ def test_models_health_and_metrics(server):
     assert health["slots"] == 4 and health["queue_depth"] == 0
     assert server.speech(input="Hi there.", voice="seed:7", response_format="pcm").status_code == 200
     text = server.client.get("/metrics").text
-    for name in ("ttsq_queue_depth", "ttsq_active_requests", "ttsq_time_to_first_audio_seconds_count",
-                 "ttsq_rtf_count", "ttsq_audio_seconds_total", "process_resident_memory_bytes"):
+    for name in (
+        "ttsq_queue_depth",
+        "ttsq_active_requests",
+        "ttsq_time_to_first_audio_seconds_count",
+        "ttsq_rtf_count",
+        "ttsq_audio_seconds_total",
+        "process_resident_memory_bytes",
+    ):
         assert name in text, name
     assert metric(text, "ttsq_time_to_first_audio_seconds_count") >= 1
     assert metric(text, "ttsq_audio_seconds_total") > 0.3
@@ -135,12 +162,33 @@ def test_models_health_and_metrics(server):
 
 def test_stream_arrives_in_pieces_and_equals_ttsq_synth(server, tmp_path):
     out = tmp_path / "synth.wav"
-    subprocess.run([sys.executable, "-m", "toolkit.cli", "synth", SHORT, "-o", str(out), "--device", "cpu",
-                    "--seed", "3", "--speaker", "m1"], check=True, cwd=ROOT, capture_output=True,
-                   env={**os.environ, "PYTHONPATH": str(ROOT)})
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "toolkit.cli",
+            "synth",
+            SHORT,
+            "-o",
+            str(out),
+            "--device",
+            "cpu",
+            "--seed",
+            "3",
+            "--speaker",
+            "m1",
+        ],
+        check=True,
+        cwd=ROOT,
+        capture_output=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
     reference, _ = sf.read(out, dtype="int16")
-    with server.client.stream("POST", "/v1/audio/speech", json={"model": "tts-1", "input": SHORT, "voice": "m1",
-                                                                "seed": 3, "response_format": "wav"}) as r:
+    with server.client.stream(
+        "POST",
+        "/v1/audio/speech",
+        json={"model": "tts-1", "input": SHORT, "voice": "m1", "seed": 3, "response_format": "wav"},
+    ) as r:
         assert r.status_code == 200 and r.headers["content-type"] == "audio/wav"
         chunks = list(r.iter_raw())
     body = b"".join(chunks)
@@ -155,8 +203,9 @@ def test_stream_arrives_in_pieces_and_equals_ttsq_synth(server, tmp_path):
 
 def test_multi_sentence_text_equals_synth_at_batch_1_and_first_audio_comes_early(server):
     reference = long_reference()
-    with server.client.stream("POST", "/v1/audio/speech", json={"model": "tts-1", "input": LONG,
-                                                                "response_format": "pcm"}) as r:
+    with server.client.stream(
+        "POST", "/v1/audio/speech", json={"model": "tts-1", "input": LONG, "response_format": "pcm"}
+    ) as r:
         pieces = r.iter_raw()
         first = next(pieces)
         running = server.scheduler.active  # the first audio arrived while the request still decodes
@@ -178,8 +227,9 @@ def test_other_formats_decode_to_the_same_length(server):
 
 def test_disconnect_cancels_the_request_and_frees_its_slot(server):
     before = metric(server.client.get("/metrics").text, 'ttsq_requests_total{outcome="cancelled"}')
-    with server.client.stream("POST", "/v1/audio/speech", json={"model": "tts-1", "input": LONG,
-                                                                "response_format": "pcm"}) as r:
+    with server.client.stream(
+        "POST", "/v1/audio/speech", json={"model": "tts-1", "input": LONG, "response_format": "pcm"}
+    ) as r:
         pieces = r.iter_raw()
         next(pieces)
         assert server.scheduler.active == 1
@@ -191,8 +241,9 @@ def test_disconnect_cancels_the_request_and_frees_its_slot(server):
 
 def test_short_request_joins_the_running_batch_and_finishes_first(server):
     sched = server.scheduler
-    with server.client.stream("POST", "/v1/audio/speech", json={"model": "tts-1", "input": LONG,
-                                                                "response_format": "pcm"}) as long:
+    with server.client.stream(
+        "POST", "/v1/audio/speech", json={"model": "tts-1", "input": LONG, "response_format": "pcm"}
+    ) as long:
         long_pieces = long.iter_raw()
         head = next(long_pieces)
         short = server.speech(input="Hi there.", response_format="pcm")  # sent while the long one decodes
@@ -207,8 +258,9 @@ def test_short_request_joins_the_running_batch_and_finishes_first(server):
 def test_full_queue_gets_429_with_retry_after_and_the_server_recovers():
     s = LiveServer(slots=1, max_queue=1)
     try:
-        with s.client.stream("POST", "/v1/audio/speech", json={"model": "tts-1", "input": LONG,
-                                                               "response_format": "pcm"}) as running:
+        with s.client.stream(
+            "POST", "/v1/audio/speech", json={"model": "tts-1", "input": LONG, "response_format": "pcm"}
+        ) as running:
             pieces = running.iter_raw()  # kept: a dropped iterator closes the response
             next(pieces)  # in the only slot
             queued: dict = {}
@@ -238,8 +290,9 @@ def test_out_of_memory_fails_that_request_alone():
 
     sched._step = step_that_runs_out_of_memory_once
     try:
-        with s.client.stream("POST", "/v1/audio/speech", json={"model": "tts-1", "input": LONG,
-                                                               "response_format": "pcm"}) as first:
+        with s.client.stream(
+            "POST", "/v1/audio/speech", json={"model": "tts-1", "input": LONG, "response_format": "pcm"}
+        ) as first:
             pieces = first.iter_raw()
             head = next(pieces)
             newest = s.speech(input="Hi there.", response_format="pcm")
@@ -276,12 +329,24 @@ def test_scheduler_compacts_its_cache_and_keeps_each_requests_audio():
     """Twelve requests through 2 slots of a 256-position cache: rows join as others leave, `pos` passes the cache's
     end (about 400 steps in all), the rows shift, and every request still gets the audio it gets alone."""
     synth = Synthesizer(device="cpu")
-    texts = ["The quick brown fox jumps.", "Hello there, how are you?", "It was a sunny morning.", "Come and play.",
-             "The river runs past the mill.", "Good night, sleep well.", "Dark clouds rolled in.", "Hi.",
-             "Birds sang in the tall trees.", "Where is the station?", "Tea or coffee?", "We walked home slowly."]
+    texts = [
+        "The quick brown fox jumps.",
+        "Hello there, how are you?",
+        "It was a sunny morning.",
+        "Come and play.",
+        "The river runs past the mill.",
+        "Good night, sleep well.",
+        "Dark clouds rolled in.",
+        "Hi.",
+        "Birds sang in the tall trees.",
+        "Where is the station?",
+        "Tea or coffee?",
+        "We walked home slowly.",
+    ]
     alone = Scheduler(synth, slots=1, cache_len=256)
-    want = [np.concatenate([d for k, d in alone.submit(t, seed=i).events() if k == "audio"])
-            for i, t in enumerate(texts)]
+    want = [
+        np.concatenate([d for k, d in alone.submit(t, seed=i).events() if k == "audio"]) for i, t in enumerate(texts)
+    ]
     alone.close()
     assert alone.compactions == 0
     sched = Scheduler(synth, slots=2, max_queue=12, cache_len=256)
@@ -298,9 +363,13 @@ def test_sigterm_lets_the_stream_in_flight_finish(tmp_path):
     port_probe.bind(("127.0.0.1", 0))
     port = port_probe.getsockname()[1]
     port_probe.close()
-    proc = subprocess.Popen([sys.executable, "-m", "toolkit.cli", "serve", "--device", "cpu", "--port", str(port),
-                             "--slots", "2"], cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "toolkit.cli", "serve", "--device", "cpu", "--port", str(port), "--slots", "2"],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         client = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=TIMEOUT)
         deadline = time.monotonic() + 180
@@ -312,8 +381,9 @@ def test_sigterm_lets_the_stream_in_flight_finish(tmp_path):
                 pass
             assert proc.poll() is None and time.monotonic() < deadline, "ttsq serve did not start"
             time.sleep(0.2)
-        with client.stream("POST", "/v1/audio/speech", json={"model": "tts-1", "input": LONG,
-                                                             "response_format": "pcm"}) as r:
+        with client.stream(
+            "POST", "/v1/audio/speech", json={"model": "tts-1", "input": LONG, "response_format": "pcm"}
+        ) as r:
             pieces = r.iter_raw()
             head = next(pieces)
             proc.send_signal(signal.SIGTERM)

@@ -1,5 +1,6 @@
 """The Ray Serve deployment of `ttsq serve` (toolkit/server/ray_app.py) on a local Ray on the CPU: one replica of the
 shipped voice streams the same audio as `ttsq serve`'s own app, and answers bad input alike."""
+
 from __future__ import annotations
 
 import socket
@@ -38,8 +39,11 @@ def ray_url():
 def test_ray_replica_streams_the_same_audio_and_reports_its_queue(ray_url):
     with httpx.Client(base_url=ray_url, timeout=300) as client:
         assert client.get("/health").json()["slots"] == 2
-        with client.stream("POST", "/v1/audio/speech", json={"model": "tts-1", "input": TEXT, "voice": "m1",
-                                                             "seed": 3, "response_format": "pcm"}) as r:
+        with client.stream(
+            "POST",
+            "/v1/audio/speech",
+            json={"model": "tts-1", "input": TEXT, "voice": "m1", "seed": 3, "response_format": "pcm"},
+        ) as r:
             assert r.status_code == 200 and r.headers["content-type"] == "audio/pcm"
             body = b"".join(r.iter_raw())
         want = Synthesizer(device="cpu").synthesize(TEXT, speaker="m1", seed=3)[0].wav

@@ -2,6 +2,7 @@
 
 The parity tests read what the chattts package itself made (tests/fixtures/make_speaker_fixture.py records it into
 chattts_tiny/speakers.safetensors); the package is not needed to run them."""
+
 from __future__ import annotations
 
 import json
@@ -27,6 +28,7 @@ SHIPPED = ROOT / "toolkit" / "assets" / "voice"
 def package():
     """(meta, tensors) the chattts package recorded."""
     from safetensors import safe_open
+
     f = safe_open(str(TINY / "speakers.safetensors"), "pt")
     return json.loads(f.metadata()["json"]), {k: f.get_tensor(k) for k in f.keys()}
 
@@ -35,12 +37,19 @@ def package():
 def official():
     """The tiny official-layout ChatTTS folder, loaded as ttsq loads any official folder."""
     from toolkit.synthesizer import Synthesizer
+
     return Synthesizer(TINY, "cpu")
 
 
 def cli(*args, cwd=None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "toolkit.cli", *args], capture_output=True, text=True, cwd=cwd,
-                          timeout=300, env={**__import__("os").environ, "PYTHONPATH": str(ROOT)})
+    return subprocess.run(
+        [sys.executable, "-m", "toolkit.cli", *args],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        timeout=300,
+        env={**__import__("os").environ, "PYTHONPATH": str(ROOT)},
+    )
 
 
 def one_line_error(r: subprocess.CompletedProcess, *needles: str) -> None:
@@ -125,25 +134,45 @@ def test_from_audio_cli_makes_the_packages_sample_string(package, tmp_path):
     meta, R = package
     wav = tmp_path / "sample.wav"
     sf.write(wav, R["sample_pcm"].numpy(), 24000, subtype="PCM_16")
-    r = cli("speaker", "from-audio", str(wav), "--text", meta["prompt"]["txt_smp"], "--model", str(TINY),
-            "--device", "cpu")
+    r = cli(
+        "speaker", "from-audio", str(wav), "--text", meta["prompt"]["txt_smp"], "--model", str(TINY), "--device", "cpu"
+    )
     assert r.returncode == 0, r.stderr[-1500:]
     assert r.stdout.strip() == meta["sample_string"] and "--speaker-text" in r.stderr
     out = json.loads(cli("speaker", "decode", r.stdout.strip()).stdout)
     assert out["kind"] == "sample-audio" and np.array_equal(out["codes"], R["sample_codes"].numpy())
     (tmp_path / "mine.txt").write_text("keep me")  # a file the user owns is not overwritten unasked
-    r = cli("speaker", "from-audio", str(wav), "--text", "good morning", "--model", str(TINY), "-o",
-            str(tmp_path / "mine.txt"))
+    r = cli(
+        "speaker",
+        "from-audio",
+        str(wav),
+        "--text",
+        "good morning",
+        "--model",
+        str(TINY),
+        "-o",
+        str(tmp_path / "mine.txt"),
+    )
     one_line_error(r, "already exists", "--force")
     assert (tmp_path / "mine.txt").read_text() == "keep me"
     # audio at 16 kHz is resampled to the model's 24 kHz, not refused: the codes of the 24 kHz version
     from toolkit.checkpoint import load_dvae_encoder
     from toolkit.sample_speaker import resample
     from toolkit.synthesizer import load_model
+
     x16 = resample(R["sample_pcm"].numpy().astype(np.float32) / 32768, 24000, 16000)
     sf.write(tmp_path / "16k.wav", x16, 16000, subtype="FLOAT")
-    r = cli("speaker", "from-audio", str(tmp_path / "16k.wav"), "--text", "good morning", "--model", str(TINY),
-            "--device", "cpu")
+    r = cli(
+        "speaker",
+        "from-audio",
+        str(tmp_path / "16k.wav"),
+        "--text",
+        "good morning",
+        "--model",
+        str(TINY),
+        "--device",
+        "cpu",
+    )
     assert r.returncode == 0, r.stderr[-1500:]
     want = load_dvae_encoder(TINY, load_model(TINY).cfg)(torch.from_numpy(resample(x16, 16000, 24000))[None])[0]
     assert np.array_equal(S.decode_string(r.stdout.strip()).codes, want.numpy())
@@ -173,8 +202,11 @@ def test_prompt_with_a_sample_matches_the_packages_ids_and_embeddings(package, o
     # without a vector the speaker slot is ChatTTS's [empty_spk]
     assert all(d.startswith("[Stts][empty_spk]good morning[speed_5]") for d in p["decorated_no_speaker"])
     from toolkit.text import prompt_text
-    assert prompt_text("x", lambda t: True, sample_text="good morning", speaker=False) == \
-        "[Stts][empty_spk]good morning[speed_5]x[Ptts]"
+
+    assert (
+        prompt_text("x", lambda t: True, sample_text="good morning", speaker=False)
+        == "[Stts][empty_spk]good morning[speed_5]x[Ptts]"
+    )
 
 
 def test_synthesis_with_a_sample_speaker_continues_after_the_sample(package, official, tmp_path):
@@ -188,8 +220,22 @@ def test_synthesis_with_a_sample_speaker_continues_after_the_sample(package, off
     assert a.steps == b.steps == 12 and a.wav.shape == b.wav.shape and not np.allclose(a.wav, b.wav)
     # the CLI takes the string with its transcript
     out = tmp_path / "o.wav"
-    r = cli("synth", "hello world.", "-o", str(out), "--model", str(TINY), "--device", "cpu", "--max-steps", "8",
-            "--speaker", meta["sample_string"], "--speaker-text", "good morning")
+    r = cli(
+        "synth",
+        "hello world.",
+        "-o",
+        str(out),
+        "--model",
+        str(TINY),
+        "--device",
+        "cpu",
+        "--max-steps",
+        "8",
+        "--speaker",
+        meta["sample_string"],
+        "--speaker-text",
+        "good morning",
+    )
     assert r.returncode == 0 and out.stat().st_size > 44, r.stderr[-1500:]
 
 
@@ -215,8 +261,10 @@ class _Evil:
         return (print, ("ran code",))
 
 
-@pytest.mark.parametrize("case", ["truncated", "corrupt", "foreign", "wrong_dim", "missing", "pickle", "empty_txt",
-                                  "seed_word", "text_for_vector"])
+@pytest.mark.parametrize(
+    "case",
+    ["truncated", "corrupt", "foreign", "wrong_dim", "missing", "pickle", "empty_txt", "seed_word", "text_for_vector"],
+)
 def test_bad_speakers_get_one_line_errors(package, tmp_path, case):
     meta, _ = package
     s = meta["seed_strings"][0]
@@ -235,8 +283,21 @@ def test_bad_speakers_get_one_line_errors(package, tmp_path, case):
         "text_for_vector": (s, ["--speaker-text is the transcript of a sample-audio speaker"]),
     }[case]
     extra = ["--speaker-text", "hi"] if case == "text_for_vector" else []
-    r = cli("synth", "hi.", "-o", str(tmp_path / "o.wav"), "--model", str(TINY), "--device", "cpu",
-            "--max-steps", "4", "--speaker", speaker, *extra)
+    r = cli(
+        "synth",
+        "hi.",
+        "-o",
+        str(tmp_path / "o.wav"),
+        "--model",
+        str(TINY),
+        "--device",
+        "cpu",
+        "--max-steps",
+        "4",
+        "--speaker",
+        speaker,
+        *extra,
+    )
     one_line_error(r, *needles)
     assert not (tmp_path / "o.wav").exists()
 
@@ -254,8 +315,13 @@ def test_bad_samples_get_one_line_errors(tmp_path, case):
         text = "  "
     elif case == "too_long":
         sf.write(wav, np.full(31 * 8000, 0.1, np.float32), 8000)
-    needle = {"empty": "holds no audio", "silent": "holds no audio", "missing": "sample audio not found",
-              "no_text": "transcript", "too_long": "31.00 s long"}[case]
+    needle = {
+        "empty": "holds no audio",
+        "silent": "holds no audio",
+        "missing": "sample audio not found",
+        "no_text": "transcript",
+        "too_long": "31.00 s long",
+    }[case]
     r = cli("speaker", "from-audio", str(wav), "--text", text, "--model", str(TINY), "--device", "cpu")
     one_line_error(r, needle)
 
@@ -298,6 +364,7 @@ def test_shipped_voice_speaker_from_espeak_audio_lands_nearest_that_voice(tmp_pa
     assert max(cos, key=cos.get) == target, cos  # it found the voice it was never told
     # and it explains the sample at least as well as that voice's own vector does
     from toolkit.checkpoint import load_dvae_encoder
+
     codes = sample_codes(load_dvae_encoder(SHIPPED, syn.model.cfg), trim(sf.read(wav, dtype="float32")[0], 24000))
     forced = TeacherForced(syn.model, codes, said)
     with torch.no_grad():

@@ -1,4 +1,5 @@
 """Property tests for the text front end: normalisation, sentence splitting and tokenization hold for any text."""
+
 import re
 import unicodedata
 
@@ -64,6 +65,7 @@ def test_sentence_pieces_keep_text_order(batch):
 @pytest.fixture(scope="module")
 def tokenizer(tiny_dir):
     from toolkit.models.tokenizer import Tokenizer
+
     return Tokenizer(tiny_dir / "tokenizer.json")
 
 

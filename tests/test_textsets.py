@@ -37,8 +37,13 @@ CJK = re.compile(r"[\u4e00-\u9fff]")
 
 
 def good(**overrides: object) -> dict[str, object]:
-    rec: dict[str, object] = {"id": "r1", "text": "Hello there.", "language": "en",
-                              "length": "short", "speaker": "seed:7"}
+    rec: dict[str, object] = {
+        "id": "r1",
+        "text": "Hello there.",
+        "language": "en",
+        "length": "short",
+        "speaker": "seed:7",
+    }
     rec.update(overrides)
     return rec
 
@@ -71,6 +76,7 @@ def assert_problem(path: Path, line: int, *needles: str) -> TextSetError:
 
 
 # --------------------------------------------------------------------------- shipped sets
+
 
 @pytest.fixture(scope="module")
 def shipped() -> dict[str, list[TextRecord]]:
@@ -171,18 +177,24 @@ def test_set_hash_is_sha256_of_bytes(tmp_path: Path) -> None:
 
 
 def test_summarize_and_table() -> None:
-    recs = [TextRecord("a", "x", "en", "short", "s"), TextRecord("b", "y", "en", "short", "s"),
-            TextRecord("c", "z", "mixed", "long", "s")]
+    recs = [
+        TextRecord("a", "x", "en", "short", "s"),
+        TextRecord("b", "y", "en", "short", "s"),
+        TextRecord("c", "z", "mixed", "long", "s"),
+    ]
     counts = summarize(recs)
-    assert counts == {"en": {"short": 2, "medium": 0, "long": 0},
-                      "zh": {"short": 0, "medium": 0, "long": 0},
-                      "mixed": {"short": 0, "medium": 0, "long": 1}}
+    assert counts == {
+        "en": {"short": 2, "medium": 0, "long": 0},
+        "zh": {"short": 0, "medium": 0, "long": 0},
+        "mixed": {"short": 0, "medium": 0, "long": 1},
+    }
     table = format_summary(counts)
     assert "| en | 2 | 0 | 0 | 2 |" in table
     assert "| total | 2 | 0 | 1 | 3 |" in table
 
 
 # --------------------------------------------------------------------------- CLI
+
 
 def test_cli_ok_and_failure(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main([str(SMOKE)]) == 0
@@ -196,22 +208,29 @@ def test_cli_ok_and_failure(tmp_path: Path, capsys: pytest.CaptureFixture[str]) 
 
 
 def test_cli_as_module(tmp_path: Path) -> None:
-    ok = subprocess.run([sys.executable, "-m", "toolkit.textsets", str(SMOKE)],
-                        cwd=ROOT, capture_output=True, text=True)
+    ok = subprocess.run(
+        [sys.executable, "-m", "toolkit.textsets", str(SMOKE)], cwd=ROOT, capture_output=True, text=True
+    )
     assert ok.returncode == 0, ok.stderr
     assert "| total | 6 | 0 | 0 | 6 |" in ok.stdout
     missing = tmp_path / "missing.jsonl"
-    bad = subprocess.run([sys.executable, "-m", "toolkit.textsets", str(missing)],
-                         cwd=ROOT, capture_output=True, text=True)
+    bad = subprocess.run(
+        [sys.executable, "-m", "toolkit.textsets", str(missing)], cwd=ROOT, capture_output=True, text=True
+    )
     assert bad.returncode == 1 and str(missing) in bad.stderr and "not found" in bad.stderr
 
 
 # --------------------------------------------------------------------------- failure modes
 
+
 def test_valid_file_with_blank_lines_and_crlf(tmp_path: Path) -> None:
     p = tmp_path / "ok.jsonl"
-    p.write_bytes(b"\n  \n" + json.dumps(good()).encode() + b"\r\n\t\n"
-                  + json.dumps(good(id="r2", text="你好。", language="zh")).encode())
+    p.write_bytes(
+        b"\n  \n"
+        + json.dumps(good()).encode()
+        + b"\r\n\t\n"
+        + json.dumps(good(id="r2", text="你好。", language="zh")).encode()
+    )
     recs = load_text_set(p)
     assert [r.id for r in recs] == ["r1", "r2"]
     assert recs[1] == TextRecord("r2", "你好。", "zh", "short", "seed:7")
@@ -248,8 +267,9 @@ def test_bad_json(tmp_path: Path) -> None:
     assert_problem(p, 2, "bad JSON", "one JSON object")
 
 
-@pytest.mark.parametrize("line,kind", [('["a", "b"]', "array"), ('"just text"', "string"),
-                                       ("42", "number"), ("null", "null")])
+@pytest.mark.parametrize(
+    "line,kind", [('["a", "b"]', "array"), ('"just text"', "string"), ("42", "number"), ("null", "null")]
+)
 def test_record_not_an_object(tmp_path: Path, line: str, kind: str) -> None:
     p = write_lines(tmp_path, [line])
     assert_problem(p, 1, f"JSON {kind}, not an object", "one object per line")
@@ -267,8 +287,10 @@ def test_extra_fields(tmp_path: Path) -> None:
     assert_problem(p, 1, "unknown field(s) 'emotion'", "remove them")
 
 
-@pytest.mark.parametrize("field,value,kind", [("text", 5, "number"), ("id", None, "null"),
-                                              ("speaker", ["a"], "array"), ("length", True, "boolean")])
+@pytest.mark.parametrize(
+    "field,value,kind",
+    [("text", 5, "number"), ("id", None, "null"), ("speaker", ["a"], "array"), ("length", True, "boolean")],
+)
 def test_wrongly_typed_field(tmp_path: Path, field: str, value: object, kind: str) -> None:
     p = write_lines(tmp_path, [json.dumps(good(**{field: value}))])
     assert_problem(p, 1, f"field {field!r} is a JSON {kind}, must be a string")
@@ -291,10 +313,15 @@ def test_integer_speaker_is_a_seed_as_on_the_command_line(tmp_path: Path) -> Non
         assert torch.equal(random_speaker(speaker_seed(r.speaker), stat), random_speaker(seed, stat))
 
 
-@pytest.mark.parametrize("value,message", [(True, "is a JSON boolean, must be a string or an integer seed"),
-                                           (1.0, "is a JSON number, must be a string or an integer seed"),
-                                           (2**64, "speaker seed 18446744073709551616 is out of range"),
-                                           (-2**63 - 1, "out of range")])
+@pytest.mark.parametrize(
+    "value,message",
+    [
+        (True, "is a JSON boolean, must be a string or an integer seed"),
+        (1.0, "is a JSON number, must be a string or an integer seed"),
+        (2**64, "speaker seed 18446744073709551616 is out of range"),
+        (-(2**63) - 1, "out of range"),
+    ],
+)
 def test_speaker_that_is_no_seed_is_refused(tmp_path: Path, value: object, message: str) -> None:
     p = write_lines(tmp_path, [json.dumps(good(speaker=value))])
     assert_problem(p, 1, message)
@@ -317,15 +344,17 @@ def test_unknown_length_bucket(tmp_path: Path) -> None:
 
 
 def test_duplicate_id_names_both_lines(tmp_path: Path) -> None:
-    p = write_lines(tmp_path, [json.dumps(good()), "", json.dumps(good(id="r2")),
-                               json.dumps(good(text="Another one."))])
+    p = write_lines(
+        tmp_path, [json.dumps(good()), "", json.dumps(good(id="r2")), json.dumps(good(text="Another one."))]
+    )
     assert_problem(p, 4, "duplicate id 'r1'", "first used on line 1", "again on line 4")
 
 
 def test_duplicate_key_and_nan_rejected(tmp_path: Path) -> None:
-    p = write_lines(tmp_path, ['{"id": "a", "id": "b", "text": "x", "language": "en", '
-                               '"length": "short", "speaker": "s"}',
-                               '{"id": NaN}'])
+    p = write_lines(
+        tmp_path,
+        ['{"id": "a", "id": "b", "text": "x", "language": "en", "length": "short", "speaker": "s"}', '{"id": NaN}'],
+    )
     err = problems_of(p)
     assert [ln for ln, _ in err.problems] == [1, 2]
     assert "duplicate key 'id'" in err.problems[0][1] and "NaN" in err.problems[1][1]
@@ -357,18 +386,26 @@ def test_all_errors_collected_and_capped(tmp_path: Path) -> None:
 # --------------------------------------------------------------------------- properties
 
 nonblank = st.text(min_size=1, max_size=40).filter(lambda s: s.strip() != "")
-record_dicts = st.fixed_dictionaries({
-    "id": nonblank, "text": st.text(min_size=1, max_size=200).filter(lambda s: s.strip() != ""),
-    "language": st.sampled_from(LANGUAGES), "length": st.sampled_from(LENGTHS), "speaker": nonblank,
-})
+record_dicts = st.fixed_dictionaries(
+    {
+        "id": nonblank,
+        "text": st.text(min_size=1, max_size=200).filter(lambda s: s.strip() != ""),
+        "language": st.sampled_from(LANGUAGES),
+        "length": st.sampled_from(LENGTHS),
+        "speaker": nonblank,
+    }
+)
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=10),
     lambda kids: st.lists(kids, max_size=3) | st.dictionaries(st.text(max_size=8), kids, max_size=3),
     max_leaves=8,
 )
 mutated_records = st.builds(
-    lambda rec, key, value, drop: ({k: v for k, v in rec.items() if k != drop} | {key: value}),
-    record_dicts, st.sampled_from(FIELDS + ("extra",)), json_values, st.sampled_from(FIELDS + ("",)),
+    lambda rec, key, value, drop: {k: v for k, v in rec.items() if k != drop} | {key: value},
+    record_dicts,
+    st.sampled_from(FIELDS + ("extra",)),
+    json_values,
+    st.sampled_from(FIELDS + ("",)),
 )
 FAST = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -390,8 +427,9 @@ def test_valid_records_round_trip(recs: list[dict[str, str]], ascii_only: bool) 
 
 
 @FAST
-@given(st.lists(st.one_of(st.text(max_size=80), json_values.map(json.dumps),
-                          mutated_records.map(json.dumps)), max_size=8))
+@given(
+    st.lists(st.one_of(st.text(max_size=80), json_values.map(json.dumps), mutated_records.map(json.dumps)), max_size=8)
+)
 def test_arbitrary_lines_only_raise_text_set_error(lines: list[str]) -> None:
     try:
         recs = _load_bytes("\n".join(lines).encode("utf-8"))

@@ -1,4 +1,5 @@
 """The shipped voice: espeak front end, smoke training, and the shipped checkpoint."""
+
 from __future__ import annotations
 
 import shutil
@@ -99,15 +100,33 @@ def test_decoder_of_a_new_width_trains_from_scratch_and_exports(tmp_path):
 
     import torch
 
-    from toolkit.synthesizer import Synthesizer, load_model
     from toolkit.sampling import SamplingParams
+    from toolkit.synthesizer import Synthesizer, load_model
     from toolkit.voice.train import load_state, main
 
     run = tmp_path / "run"
     main(["--smoke", "--out", str(run)])
     before = load_state(run, "gpt")[0]
-    main(["--smoke", "--data", str(run / "corpus" / "pack"), "--resume", str(run), "--out", str(run), "--stages",
-          "gpt", "--decoder-hidden", "96", "--gpt-steps", "2", "--freeze-gpt", "--export", str(tmp_path / "model")])
+    main(
+        [
+            "--smoke",
+            "--data",
+            str(run / "corpus" / "pack"),
+            "--resume",
+            str(run),
+            "--out",
+            str(run),
+            "--stages",
+            "gpt",
+            "--decoder-hidden",
+            "96",
+            "--gpt-steps",
+            "2",
+            "--freeze-gpt",
+            "--export",
+            str(tmp_path / "model"),
+        ]
+    )
     after = load_state(run, "gpt")[0]
     assert after["decoder.conv_in.2.weight"].shape[0] == 96 != before["decoder.conv_in.2.weight"].shape[0]
     assert all(torch.equal(before[k], after[k]) for k in before if not k.startswith("decoder."))
@@ -127,10 +146,12 @@ def test_shipped_voice_speaks_english_and_mandarin():
 
     syn = Synthesizer(device="cpu")  # the default model is the shipped voice
     assert syn.model.frontend == "espeak"
-    assert syn.model.parameter_counts() and sum((SHIPPED / f).stat().st_size for f in
-                                                 ("model.safetensors",)) <= 40 * 2**20
-    out = syn.synthesize(["The train leaves at five.", "今天天气很好。"], seed=0,
-                         params=SamplingParams(max_new_tokens=400))
+    assert (
+        syn.model.parameter_counts() and sum((SHIPPED / f).stat().st_size for f in ("model.safetensors",)) <= 40 * 2**20
+    )
+    out = syn.synthesize(
+        ["The train leaves at five.", "今天天气很好。"], seed=0, params=SamplingParams(max_new_tokens=400)
+    )
     for u in out:
         assert np.isfinite(u.wav).all() and u.wav.size > 0.2 * u.sample_rate
         assert np.abs(u.wav).max() > 1e-3
@@ -150,8 +171,16 @@ def test_gpt_resumes_from_the_shipped_voice_on_a_codes_pack(tmp_path):
     from toolkit.voice.corpus import build, load_pack
     from toolkit.voice.train import Data, checkpoints_from_voice, load_state, main, save_state, sub_state
 
-    info = build(tmp_path / "corpus", n_train=12, n_heldout=2, seed=0, workers=2, vocoder_seconds=0,
-                 codes_from=SHIPPED, encoder=ENCODER)
+    info = build(
+        tmp_path / "corpus",
+        n_train=12,
+        n_heldout=2,
+        seed=0,
+        workers=2,
+        vocoder_seconds=0,
+        codes_from=SHIPPED,
+        encoder=ENCODER,
+    )
     pack = load_pack(tmp_path / "corpus" / "pack")
     assert info["content"] == "codes" and pack["codes"].shape[1] == 4 and 0 <= pack["codes"].min()
     assert pack["codes"].max() < 625 and len(pack["codes_off"]) == info["utterances"] + 1
@@ -167,17 +196,48 @@ def test_gpt_resumes_from_the_shipped_voice_on_a_codes_pack(tmp_path):
     checkpoints_from_voice(SHIPPED, ENCODER, tmp_path / "ckpt32", torch.float32)  # what a frozen part must keep
     exact = sub_state(load_state(tmp_path / "ckpt32", "vocos")[0], "")
     assert all(torch.equal(exact[k], v) for k, v in shipped.vocos.state_dict().items())
-    main(["--data", str(tmp_path / "corpus" / "pack"), "--resume", str(tmp_path / "ckpt"), "--stages", "gpt",
-          "--out", str(tmp_path / "run"), "--gpt-steps", "1", "--gpt-batch", "4", "--device", "cpu",
-          "--save-every", "0", "--eos-weight", "4"])
+    main(
+        [
+            "--data",
+            str(tmp_path / "corpus" / "pack"),
+            "--resume",
+            str(tmp_path / "ckpt"),
+            "--stages",
+            "gpt",
+            "--out",
+            str(tmp_path / "run"),
+            "--gpt-steps",
+            "1",
+            "--gpt-batch",
+            "4",
+            "--device",
+            "cpu",
+            "--save-every",
+            "0",
+            "--eos-weight",
+            "4",
+        ]
+    )
     step = json.loads((SHIPPED / "manifest.json").read_text())["voice"]["trained_steps"]["gpt"]
     assert json.loads((tmp_path / "run" / "gpt.json").read_text())["step"] == step + 1
 
     # on a codes pack the DVAE decoder is all the gpt stage reads, so a run may carry the dvae without its encoder
     dvae, meta = load_state(tmp_path / "ckpt", "dvae")
     save_state(tmp_path / "ckpt", "dvae", {k: v for k, v in dvae.items() if k.startswith("dec.")}, meta)
-    gpt_stage = ["--data", str(tmp_path / "corpus" / "pack"), "--resume", str(tmp_path / "ckpt"), "--gpt-steps", "1",
-                 "--gpt-batch", "4", "--device", "cpu", "--save-every", "0"]
+    gpt_stage = [
+        "--data",
+        str(tmp_path / "corpus" / "pack"),
+        "--resume",
+        str(tmp_path / "ckpt"),
+        "--gpt-steps",
+        "1",
+        "--gpt-batch",
+        "4",
+        "--device",
+        "cpu",
+        "--save-every",
+        "0",
+    ]
     main(gpt_stage + ["--stages", "gpt", "--out", str(tmp_path / "run_dec_only")])
     assert json.loads((tmp_path / "run_dec_only" / "gpt.json").read_text())["step"] == step + 1
     with pytest.raises(SystemExit, match="no encoder"):
@@ -186,9 +246,15 @@ def test_gpt_resumes_from_the_shipped_voice_on_a_codes_pack(tmp_path):
 
 @needs_espeak
 @pytest.mark.skipif(not (SHIPPED / "manifest.json").is_file(), reason="no shipped voice")
-@pytest.mark.parametrize("detail", [[], ["--decoder-stft", "1.0", "--log-every", "1"],
-                                    ["--decoder-gan", "0.1", "--decoder-gan-windows", "2", "--log-every", "1"]],
-                         ids=["mel-l1", "stft", "gan"])
+@pytest.mark.parametrize(
+    "detail",
+    [
+        [],
+        ["--decoder-stft", "1.0", "--log-every", "1"],
+        ["--decoder-gan", "0.1", "--decoder-gan-windows", "2", "--log-every", "1"],
+    ],
+    ids=["mel-l1", "stft", "gan"],
+)
 @pytest.mark.trains
 def test_freeze_gpt_trains_the_decoder_alone_on_real_mels(tmp_path, detail):
     """corpus --keep-mels stores the real mels beside the codes, frame for frame; train --freeze-gpt then moves the
@@ -202,21 +268,52 @@ def test_freeze_gpt_trains_the_decoder_alone_on_real_mels(tmp_path, detail):
     from toolkit.voice.corpus import build, load_pack
     from toolkit.voice.train import Data, checkpoints_from_voice, load_state, main
 
-    info = build(tmp_path / "corpus", n_train=6, n_heldout=1, seed=0, workers=2, vocoder_seconds=0,
-                 codes_from=SHIPPED, encoder=ENCODER, keep_mels=True)
+    info = build(
+        tmp_path / "corpus",
+        n_train=6,
+        n_heldout=1,
+        seed=0,
+        workers=2,
+        vocoder_seconds=0,
+        codes_from=SHIPPED,
+        encoder=ENCODER,
+        keep_mels=True,
+    )
     pack = load_pack(tmp_path / "corpus" / "pack")
     assert info["content"] == "codes+mel" and len(pack["mel"]) == pack["mel_off"][-1] == 2 * len(pack["codes"])
     data = Data(pack, torch.device("cpu"))
     assert data.mel(0).shape == (100, 2 * len(data.codes[0]))
     checkpoints_from_voice(SHIPPED, ENCODER, tmp_path / "ckpt")
-    main(["--data", str(tmp_path / "corpus" / "pack"), "--resume", str(tmp_path / "ckpt"), "--stages", "gpt",
-          "--out", str(tmp_path / "run"), "--gpt-steps", "2", "--gpt-batch", "4", "--device", "cpu",
-          "--save-every", "0", "--freeze-gpt", *detail])
+    main(
+        [
+            "--data",
+            str(tmp_path / "corpus" / "pack"),
+            "--resume",
+            str(tmp_path / "ckpt"),
+            "--stages",
+            "gpt",
+            "--out",
+            str(tmp_path / "run"),
+            "--gpt-steps",
+            "2",
+            "--gpt-batch",
+            "4",
+            "--device",
+            "cpu",
+            "--save-every",
+            "0",
+            "--freeze-gpt",
+            *detail,
+        ]
+    )
     before, after = load_state(tmp_path / "ckpt", "gpt")[0], load_state(tmp_path / "run", "gpt")[0]
     changed = {k for k in before if not torch.equal(before[k].float(), after[k].float())}
     assert changed and all(k.startswith("decoder.") for k in changed), sorted(changed)[:5]
-    logged = [r for r in map(json.loads, (tmp_path / "run" / "log_gpt.jsonl").read_text().splitlines())
-              if r.get("stage") == "gpt" and "ce" in r]
+    logged = [
+        r
+        for r in map(json.loads, (tmp_path / "run" / "log_gpt.jsonl").read_text().splitlines())
+        if r.get("stage") == "gpt" and "ce" in r
+    ]
     assert logged and all(("stft" in r) == ("--decoder-stft" in detail) for r in logged)
     assert all(0 < r["stft"] < 10 for r in logged if "stft" in r)
     assert all(("adv" in r) == ("--decoder-gan" in detail) for r in logged)
@@ -230,8 +327,7 @@ def codes_pcm_corpus(tmp_path_factory) -> Path:
     from toolkit.voice.corpus import build
 
     out = tmp_path_factory.mktemp("codes_pcm") / "corpus"
-    build(out, n_train=6, n_heldout=1, seed=0, workers=2, vocoder_seconds=60, codes_from=SHIPPED,
-          encoder=ENCODER)
+    build(out, n_train=6, n_heldout=1, seed=0, workers=2, vocoder_seconds=60, codes_from=SHIPPED, encoder=ENCODER)
     return out
 
 
@@ -262,13 +358,29 @@ def test_vocos_on_decoder_pairs_the_decoders_mels_with_their_own_audio(tmp_path,
     for k, u in enumerate(data.wav_utt):
         mel = mels[int(u)]
         assert mel.shape == (100, 2 * len(data.codes[int(u)]))
-        real = lm(data.wav[data.wav_off[k]: data.wav_off[k + 1]][None])[0][:, : mel.shape[1]]
+        real = lm(data.wav[data.wav_off[k] : data.wav_off[k + 1]][None])[0][:, : mel.shape[1]]
         aligned = (mel - real).abs().mean()
         shifted = min((mel[:, 1:] - real[:, :-1]).abs().mean(), (mel[:, :-1] - real[:, 1:]).abs().mean())
         assert aligned < shifted, (aligned, shifted)  # frame-exact: one frame either way is worse
-    main(["--data", str(codes_pcm_corpus / "pack"), "--resume", str(tmp_path / "ckpt"), "--stages", "vocos",
-          "--out", str(tmp_path / "run"), "--vocos-steps", "1", "--vocos-batch", "2", "--device", "cpu",
-          "--vocos-on-decoder"])
+    main(
+        [
+            "--data",
+            str(codes_pcm_corpus / "pack"),
+            "--resume",
+            str(tmp_path / "ckpt"),
+            "--stages",
+            "vocos",
+            "--out",
+            str(tmp_path / "run"),
+            "--vocos-steps",
+            "1",
+            "--vocos-batch",
+            "2",
+            "--device",
+            "cpu",
+            "--vocos-on-decoder",
+        ]
+    )
     step = json.loads((SHIPPED / "manifest.json").read_text())["voice"]["trained_steps"]["vocos"]
     assert json.loads((tmp_path / "run" / "vocos.json").read_text())["step"] == step + 1
 
@@ -291,8 +403,9 @@ def test_gap_scores_each_stage_against_the_real_audio(codes_pcm_corpus, tmp_path
     assert set(res["intelligibility"]) == stages and res["asr"]["model"] == "whisper-base"
     langs = {it["lang"] for it in res["per_utterance"]}
     for stage, rates in res["intelligibility"].items():
-        assert sum(c["n"] for c in rates.values()) == 3 and all(0 <= c["lo"] <= c["mean"] <= c["hi"]
-                                                                   for c in rates.values()), (stage, rates)
+        assert sum(c["n"] for c in rates.values()) == 3 and all(
+            0 <= c["lo"] <= c["mean"] <= c["hi"] for c in rates.values()
+        ), (stage, rates)
         assert set(rates) <= {"wer", "cer", "mer"} and len(rates) >= len(langs - {"mixed"}) > 0
     assert {"teacher_forced - codec", "free_running - teacher_forced"} <= set(res["wer_steps"])
     assert all(set(r) >= stages | {"text"} and isinstance(r["real"]["heard"], str) for r in res["per_utterance"])
@@ -305,8 +418,12 @@ def test_gap_scores_each_stage_against_the_real_audio(codes_pcm_corpus, tmp_path
     assert sum(v["n"] for v in voices.values()) == 3
     for stage, total in res["dnsmos_ovrl"].items():
         assert sum(v["n"] * v[stage] for v in voices.values()) / 3 == pytest.approx(total[0]), stage
-    assert all(1.0 <= row[stage] <= 5.0 for part in ("sig", "bak") for row in res[f"dnsmos_{part}_by_voice"].values()
-               for stage in res["dnsmos_ovrl"]), res["dnsmos_bak_by_voice"]
+    assert all(
+        1.0 <= row[stage] <= 5.0
+        for part in ("sig", "bak")
+        for row in res[f"dnsmos_{part}_by_voice"].values()
+        for stage in res["dnsmos_ovrl"]
+    ), res["dnsmos_bak_by_voice"]
     assert json.loads((tmp_path / "gap.json").read_text()) == json.loads(json.dumps(res))
 
 
@@ -323,8 +440,18 @@ def test_alignment_check_reads_along_the_text_on_a_training_sentence(tmp_path):
     from toolkit.voice.train import off_diagonal_mass
 
     build(tmp_path / "corpus", n_train=4, n_heldout=1, seed=0, workers=1, vocoder_seconds=200)
-    main(["--corpus", str(tmp_path / "corpus"), "--n", "1", "--out", str(tmp_path / "a.png"),
-          "--json", str(tmp_path / "a.json")])
+    main(
+        [
+            "--corpus",
+            str(tmp_path / "corpus"),
+            "--n",
+            "1",
+            "--out",
+            str(tmp_path / "a.png"),
+            "--json",
+            str(tmp_path / "a.json"),
+        ]
+    )
     rows = {r["split"]: r for r in json.loads((tmp_path / "a.json").read_text())}
     assert (tmp_path / "a.png").stat().st_size > 1000 and set(rows) == {"train", "heldout"}
     train = rows["train"]
@@ -344,11 +471,9 @@ def test_export_takes_a_decoder_trained_apart_and_stores_fp16(tmp_path):
     import json
 
     import torch
-    from safetensors.torch import save_file
+    from safetensors.torch import load_file, save_file
 
     from toolkit.synthesizer import load_model
-    from safetensors.torch import load_file
-
     from toolkit.voice.train import load_state, main, save_part_fp16, sub_state
 
     run = tmp_path / "run"
@@ -359,9 +484,22 @@ def test_export_takes_a_decoder_trained_apart_and_stores_fp16(tmp_path):
     assert all(torch.equal(v, state[f"decoder.{k}"].half()) for k, v in sent_back.items())
     trained_apart = {k: (0.5 * v).half() for k, v in sub_state(state, "decoder.").items()}
     save_file(trained_apart, str(tmp_path / "decoder.safetensors"))
-    main(["--smoke", "--data", str(run / "corpus" / "pack"), "--resume", str(run), "--stages", "",
-          "--export", str(tmp_path / "model"), "--decoder-from", str(tmp_path / "decoder.safetensors"),
-          "--export-fp16"])
+    main(
+        [
+            "--smoke",
+            "--data",
+            str(run / "corpus" / "pack"),
+            "--resume",
+            str(run),
+            "--stages",
+            "",
+            "--export",
+            str(tmp_path / "model"),
+            "--decoder-from",
+            str(tmp_path / "decoder.safetensors"),
+            "--export-fp16",
+        ]
+    )
     assert json.loads((tmp_path / "model" / "manifest.json").read_text())["weights_dtype"] == "float16"
     model = load_model(tmp_path / "model")
     for k, v in model.decoder.state_dict().items():
@@ -381,8 +519,15 @@ def test_a_fresh_held_out_set_leaves_out_every_text_a_corpus_was_trained_on(tmp_
     plain = [o["text"] for o in make_texts(0, 4, seed=1)]
     (tmp_path / "trained").mkdir()  # a corpus that trained on two of the texts seed 1 holds out
     (tmp_path / "trained" / "meta.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in plain[1:3]))
-    info = build(tmp_path / "fresh", n_train=0, n_heldout=4, seed=1, workers=1, vocoder_seconds=0,
-                 unseen_by=(tmp_path / "trained",))
+    info = build(
+        tmp_path / "fresh",
+        n_train=0,
+        n_heldout=4,
+        seed=1,
+        workers=1,
+        vocoder_seconds=0,
+        unseen_by=(tmp_path / "trained",),
+    )
     items = [json.loads(line) for line in open(tmp_path / "fresh" / "meta.jsonl", encoding="utf-8")]
     texts = [it["text"] for it in items]
     assert info["heldout"] == 4 and info["utterances"] == 0 and {it["split"] for it in items} == {"heldout"}
@@ -404,8 +549,20 @@ def test_measure_scores_held_out_sentences_and_the_vocoders_ceiling(tmp_path, ca
     from toolkit.voice.measure import main
 
     build(tmp_path / "corpus", n_train=2, n_heldout=3, seed=0, workers=1, vocoder_seconds=0)
-    res = main(["--corpus", str(tmp_path / "corpus"), "--n", "2", "--max-new-tokens", "300", "--dnsmos", "2",
-                "--json", str(tmp_path / "m.json")])
+    res = main(
+        [
+            "--corpus",
+            str(tmp_path / "corpus"),
+            "--n",
+            "2",
+            "--max-new-tokens",
+            "300",
+            "--dnsmos",
+            "2",
+            "--json",
+            str(tmp_path / "m.json"),
+        ]
+    )
     assert res["sentences"] == 2 and (tmp_path / "m.json").is_file()
     saved = json.loads((tmp_path / "m.json").read_text())  # intelligibility first: WER/CER of each reading, with CIs
     assert list(saved)[1] == "intelligibility" and saved["asr"]["model"] == "whisper-base"
@@ -422,8 +579,11 @@ def test_measure_scores_held_out_sentences_and_the_vocoders_ceiling(tmp_path, ca
     assert np.mean([r["mcd_db"] for r in rows]) == pytest.approx(res["mcd_db"][0])
     voices = res["dnsmos_ovrl_by_voice"]  # where DNSMOS is lost, voice by voice: its rows average to the totals
     assert sum(v["n"] for v in voices.values()) == 2 and all(" " in name for name in voices)
-    for key, total in (("reference", "dnsmos_ovrl_reference"), ("vocoded_reference", "dnsmos_ovrl_vocoded_reference"),
-                       ("synth", "dnsmos_ovrl_synth")):
+    for key, total in (
+        ("reference", "dnsmos_ovrl_reference"),
+        ("vocoded_reference", "dnsmos_ovrl_vocoded_reference"),
+        ("synth", "dnsmos_ovrl_synth"),
+    ):
         assert sum(v["n"] * v[key] for v in voices.values()) / 2 == pytest.approx(res[total][0]), key
     for part in ("sig", "bak"):  # DNSMOS's speech and background parts, by the same voices, on the same scale
         table = res[f"dnsmos_{part}_by_voice"]
@@ -435,14 +595,29 @@ def test_measure_scores_held_out_sentences_and_the_vocoders_ceiling(tmp_path, ca
     for key in ("dnsmos_ovrl_reference", "dnsmos_ovrl_vocoded_reference", "mcd_db_vocoded_reference"):
         assert alone[key] == res[key], key
     for part in ("ovrl", "sig", "bak"):
-        assert {v: {k: x for k, x in row.items() if k != "synth"} for v, row in res[f"dnsmos_{part}_by_voice"].items()
-                } == alone[f"dnsmos_{part}_by_voice"], part
+        assert {
+            v: {k: x for k, x in row.items() if k != "synth"} for v, row in res[f"dnsmos_{part}_by_voice"].items()
+        } == alone[f"dnsmos_{part}_by_voice"], part
     default = json.loads((SHIPPED / "manifest.json").read_text())["default_voice"]
     own = [json.loads(line)["speaker"] for line in open(tmp_path / "corpus" / "meta.jsonl", encoding="utf-8")][:3]
     assert set(own) != {default}, own  # else the next run would prove nothing
-    one = main(["--corpus", str(tmp_path / "corpus"), "--n", "3", "--max-new-tokens", "300", "--dnsmos", "3",
-                "--speaker", "default", "--repetition-penalty", "1.0",
-                "--no-asr"])  # as `ttsq synth` without --speaker speaks
+    one = main(
+        [
+            "--corpus",
+            str(tmp_path / "corpus"),
+            "--n",
+            "3",
+            "--max-new-tokens",
+            "300",
+            "--dnsmos",
+            "3",
+            "--speaker",
+            "default",
+            "--repetition-penalty",
+            "1.0",
+            "--no-asr",
+        ]
+    )  # as `ttsq synth` without --speaker speaks
     assert [r["speaker"] for r in one["per_sentence"]] == [default] * 3 and one["settings"]["speaker"] == default
     assert one["settings"]["sampling"] == {"ChatTTS defaults, except": {"repetition_penalty": 1.0}}
     assert one["speaker_distance_synth"] is None and 1.0 <= one["dnsmos_ovrl_synth"][0] <= 5.0
@@ -465,8 +640,9 @@ def test_a_clip_too_short_for_dnsmos_scores_nan_and_is_left_out_of_the_voice_tab
         assert tables[f"dnsmos_{part}_by_voice"]["en f4"] == {"n": 2, "synth": noise[part]}
 
 
-def fit_and_check_discriminators(disc, batch, length: int, window: int, *, steps: int, speech, separating: list[int],
-                                 min_margin: float) -> list[tuple]:
+def fit_and_check_discriminators(
+    disc, batch, length: int, window: int, *, steps: int, speech, separating: list[int], min_margin: float
+) -> list[tuple]:
     """`steps` hinge-loss steps on windows of the first half of a sentence (batch(offsets) -> (real, degraded)); then
     on the unseen windows of the second half that hold speech (speech(offset) -> bool) each discriminator named in
     `separating` scores the real windows above their degraded copies by more than min_margin on average, and ranks
@@ -489,8 +665,10 @@ def fit_and_check_discriminators(disc, batch, length: int, window: int, *, steps
         opt.zero_grad()
         loss.backward()
         opt.step()
-    assert all(p.grad is not None and torch.isfinite(p.grad).all() and (p.grad.abs().sum() > 0 or name.endswith("bias"))
-               for name, p in disc.named_parameters())  # the hinge loss reaches every weight of every discriminator
+    assert all(
+        p.grad is not None and torch.isfinite(p.grad).all() and (p.grad.abs().sum() > 0 or name.endswith("bias"))
+        for name, p in disc.named_parameters()
+    )  # the hinge loss reaches every weight of every discriminator
     held_out = [o for o in range(half, length - window + 1, window // 2) if speech(o)]
     assert len(held_out) >= 6, held_out
     real, fake = batch(held_out)
@@ -529,13 +707,21 @@ def test_discriminators_learn_to_tell_speech_from_a_degraded_copy():
     seg = 4096
 
     def batch(offsets):
-        real = torch.stack([wav[o: o + seg] for o in offsets])
+        real = torch.stack([wav[o : o + seg] for o in offsets])
         fake = F.avg_pool1d(real[:, None], 5, 1, 2)[:, 0] + 0.003 * torch.randn_like(real)  # muffled, hissy
         return real, fake
 
     disc = Discriminators(periods=(2, 3), resolutions=((512, 128),))
-    fit_and_check_discriminators(disc, batch, len(wav), seg, steps=25, separating=[2], min_margin=0.25,
-                                 speech=lambda o: float(wav[o: o + seg].pow(2).mean().sqrt()) > 0.02)
+    fit_and_check_discriminators(
+        disc,
+        batch,
+        len(wav),
+        seg,
+        steps=25,
+        separating=[2],
+        min_margin=0.25,
+        speech=lambda o: float(wav[o : o + seg].pow(2).mean().sqrt()) > 0.02,
+    )
 
 
 @needs_espeak
@@ -554,19 +740,27 @@ def test_mel_discriminators_learn_to_tell_real_mels_from_smoothed_ones():
     from toolkit.voice.discriminators import MelDiscriminators
 
     torch.manual_seed(0)
-    wav = torch.from_numpy(espeak_wav("The quick brown fox jumps over the lazy dog, twice, and then once more.",
-                                      "en", "m1"))
+    wav = torch.from_numpy(
+        espeak_wav("The quick brown fox jumps over the lazy dog, twice, and then once more.", "en", "m1")
+    )
     mel = LogMel(VocosConfig())(wav[None])[0]  # (100, F)
     frames = 32
 
     def batch(offsets):
-        real = torch.stack([mel[:, o: o + frames] for o in offsets])
+        real = torch.stack([mel[:, o : o + frames] for o in offsets])
         smooth = F.avg_pool2d(F.pad(real[:, None], (1, 1, 1, 1), mode="replicate"), 3, 1)[:, 0]
         return real, smooth
 
-    fit_and_check_discriminators(MelDiscriminators(), batch, mel.shape[1], frames, steps=100, separating=[0],
-                                 min_margin=0.5,
-                                 speech=lambda o: float(mel[:, o: o + frames].mean()) > -9)  # not silence (-11.5)
+    fit_and_check_discriminators(
+        MelDiscriminators(),
+        batch,
+        mel.shape[1],
+        frames,
+        steps=100,
+        separating=[0],
+        min_margin=0.5,
+        speech=lambda o: float(mel[:, o : o + frames].mean()) > -9,
+    )  # not silence (-11.5)
 
 
 def test_mel_windows_cut_only_valid_frames_of_rows_long_enough():
@@ -604,8 +798,16 @@ def test_vocos_gan_stage_saves_its_discriminators_and_resumes_them(tmp_path):
     from toolkit.voice.train import load_state, main
 
     build(tmp_path / "corpus", n_train=6, n_heldout=1, seed=0, workers=2, vocoder_seconds=20)
-    common = ["--smoke", "--data", str(tmp_path / "corpus" / "pack"), "--stages", "vocos", "--vocos-gan",
-              "--vocos-steps", "2"]
+    common = [
+        "--smoke",
+        "--data",
+        str(tmp_path / "corpus" / "pack"),
+        "--stages",
+        "vocos",
+        "--vocos-gan",
+        "--vocos-steps",
+        "2",
+    ]
     main(common + ["--out", str(tmp_path / "run1")])
     # at learning rate 0 the resumed run must hand back exactly what it loaded (a fresh init would differ)
     main(common + ["--out", str(tmp_path / "run2"), "--resume", str(tmp_path / "run1"), "--vocos-lr", "0"])
@@ -621,10 +823,24 @@ def test_parallel_vocoder_process_gets_every_vocos_option():
 
     from toolkit.voice.train import vocos_options
 
-    args = argparse.Namespace(vocos_lr=2e-4, vocos_batch=8, vocos_minutes=7.5, vocos_steps=None, vocos_gan=True,
-                              vocos_on_decoder=False, gpt_lr=1e-3)
-    assert vocos_options(args) == ["--vocos-lr", "0.0002", "--vocos-batch", "8", "--vocos-minutes", "7.5",
-                                   "--vocos-gan"]
+    args = argparse.Namespace(
+        vocos_lr=2e-4,
+        vocos_batch=8,
+        vocos_minutes=7.5,
+        vocos_steps=None,
+        vocos_gan=True,
+        vocos_on_decoder=False,
+        gpt_lr=1e-3,
+    )
+    assert vocos_options(args) == [
+        "--vocos-lr",
+        "0.0002",
+        "--vocos-batch",
+        "8",
+        "--vocos-minutes",
+        "7.5",
+        "--vocos-gan",
+    ]
 
 
 def test_code_loss_weighs_the_eos_target():
@@ -652,10 +868,14 @@ def test_paired_comparison_of_two_measure_results(tmp_path):
     from toolkit.voice.measure import main
 
     rng = np.random.default_rng(0)
-    base = [{"id": f"he{i:05d}", "dnsmos_ovrl": float(x), "mcd_db": 8.0 + float(x), "duration_ratio": 1.0}
-            for i, x in enumerate(rng.normal(2.2, 0.3, 20))]
-    new = [{**r, "dnsmos_ovrl": r["dnsmos_ovrl"] + 0.1 + 0.01 * i, "mcd_db": r["mcd_db"] - 0.2}
-           for i, r in enumerate(base[1:])]  # he00000 was not measured by the new model
+    base = [
+        {"id": f"he{i:05d}", "dnsmos_ovrl": float(x), "mcd_db": 8.0 + float(x), "duration_ratio": 1.0}
+        for i, x in enumerate(rng.normal(2.2, 0.3, 20))
+    ]
+    new = [
+        {**r, "dnsmos_ovrl": r["dnsmos_ovrl"] + 0.1 + 0.01 * i, "mcd_db": r["mcd_db"] - 0.2}
+        for i, r in enumerate(base[1:])
+    ]  # he00000 was not measured by the new model
     new[0]["mcd_db"] = float("nan")
     for name, rows in (("base", base), ("new", new)):
         (tmp_path / f"{name}.json").write_text(json.dumps({"per_sentence": rows}))
@@ -665,9 +885,18 @@ def test_paired_comparison_of_two_measure_results(tmp_path):
     assert mean == pytest.approx(0.1 + 0.01 * 9) and 0.1 < lo < mean < hi < 0.28  # differences span 0.10-0.28
     assert res["mcd_db"][0] == pytest.approx(-0.2) and res["duration_ratio"][0] == pytest.approx(0.0)
     assert "asr_rate" not in res  # neither result was transcribed
+
     def asr(errors):
-        return {"heard": "", "ref_tokens": 10, "sub": errors, "dele": 0, "ins": 0, "language": "en",
-                "rate": errors / 10}
+        return {
+            "heard": "",
+            "ref_tokens": 10,
+            "sub": errors,
+            "dele": 0,
+            "ins": 0,
+            "language": "en",
+            "rate": errors / 10,
+        }
+
     for name, rows, errors in (("base", base, 5), ("new", new, 2)):  # the new model drops 3 of 10 words fewer
         (tmp_path / f"{name}.json").write_text(json.dumps({"per_sentence": [{**r, "asr": asr(errors)} for r in rows]}))
     wer = main(["--paired", str(tmp_path / "base.json"), str(tmp_path / "new.json")])["asr_rate"]
@@ -717,19 +946,42 @@ def test_grown_gpt_computes_what_the_old_one_did_and_its_new_blocks_learn(tmp_pa
 def grow_train_and_export(tmp_path, stage: str, options: list[str]):
     """A smoke run, then `stage` trained on from it with `options` (a --*-grow), the run's other parts copied beside
     it, exported and loaded: -> (the stage's trained state, the loaded model), after checking that the model speaks."""
-    from toolkit.synthesizer import Synthesizer, load_model
     from toolkit.sampling import SamplingParams
+    from toolkit.synthesizer import Synthesizer, load_model
     from toolkit.voice.train import load_state, main
 
     run, grown = tmp_path / "run", tmp_path / "grown"
     main(["--smoke", "--out", str(run)])
-    main(["--smoke", "--data", str(run / "corpus" / "pack"), "--resume", str(run), "--out", str(grown),
-          "--stages", stage, *options])
+    main(
+        [
+            "--smoke",
+            "--data",
+            str(run / "corpus" / "pack"),
+            "--resume",
+            str(run),
+            "--out",
+            str(grown),
+            "--stages",
+            stage,
+            *options,
+        ]
+    )
     for part in {"gpt", "dvae", "vocos"} - {stage}:  # the export reads the run's other parts beside the trained one
         for f in run.glob(f"{part}.*"):
             shutil.copy(f, grown / f.name)
-    main(["--smoke", "--data", str(run / "corpus" / "pack"), "--resume", str(grown), "--stages", "",
-          "--export", str(tmp_path / "model")])
+    main(
+        [
+            "--smoke",
+            "--data",
+            str(run / "corpus" / "pack"),
+            "--resume",
+            str(grown),
+            "--stages",
+            "",
+            "--export",
+            str(tmp_path / "model"),
+        ]
+    )
     model = load_model(tmp_path / "model")
     out = Synthesizer(model, device="cpu").synthesize(["Hi."], params=SamplingParams(max_new_tokens=8))
     assert np.isfinite(out[0].wav).all() and out[0].wav.size > 0
@@ -762,8 +1014,21 @@ def test_grown_vocoder_renders_what_the_old_one_did_and_its_new_blocks_learn(tmp
     assert after[f"blocks.{cfg.layers}.scale"].abs().sum() > 0  # it learned, from zero
     assert model.cfg.vocos.layers == cfg.layers + 1
     with pytest.raises(SystemExit, match="--vocos-grow deepens a trained vocoder"):
-        main(["--smoke", "--data", str(tmp_path / "run" / "corpus" / "pack"), "--out", str(tmp_path / "x"),
-              "--stages", "vocos", "--vocos-grow", "1", "--vocos-steps", "1"])
+        main(
+            [
+                "--smoke",
+                "--data",
+                str(tmp_path / "run" / "corpus" / "pack"),
+                "--out",
+                str(tmp_path / "x"),
+                "--stages",
+                "vocos",
+                "--vocos-grow",
+                "1",
+                "--vocos-steps",
+                "1",
+            ]
+        )
 
 
 def test_picture_titles_show_mandarin_as_its_phonemes():

@@ -1,4 +1,5 @@
 """benchmarks/voice_pack_parts.py: a pack split into parts and joined again is the original, array for array."""
+
 import importlib.util
 import json
 from pathlib import Path
@@ -22,12 +23,20 @@ def _pack(tmp: Path, n: int = 7) -> Path:
     wav_lens = rng.integers(10, 30, len(wav_utt))
     folder = tmp / "pack"
     folder.mkdir()
-    save_pack(folder, mel=np.zeros((0, 100), np.uint8), mel_off=off(2 * steps),
-              ids=rng.integers(0, 100, int(toks.sum())).astype(np.int16), ids_off=off(toks),
-              spk=rng.integers(0, 6, n).astype(np.int16), lang=rng.integers(0, 2, n).astype(np.int8),
-              wav=rng.integers(-3000, 3000, int(wav_lens.sum())).astype(np.int16), wav_off=off(wav_lens),
-              wav_utt=wav_utt, codes=rng.integers(0, 626, (int(steps.sum()), 4)).astype(np.int16),
-              codes_off=off(steps))
+    save_pack(
+        folder,
+        mel=np.zeros((0, 100), np.uint8),
+        mel_off=off(2 * steps),
+        ids=rng.integers(0, 100, int(toks.sum())).astype(np.int16),
+        ids_off=off(toks),
+        spk=rng.integers(0, 6, n).astype(np.int16),
+        lang=rng.integers(0, 2, n).astype(np.int8),
+        wav=rng.integers(-3000, 3000, int(wav_lens.sum())).astype(np.int16),
+        wav_off=off(wav_lens),
+        wav_utt=wav_utt,
+        codes=rng.integers(0, 626, (int(steps.sum()), 4)).astype(np.int16),
+        codes_off=off(steps),
+    )
     (folder / "pack.json").write_text(json.dumps({"utterances": n, "speakers": ["a", "b"]}))
     (folder / "tokenizer.json").write_text("{}")
     return folder

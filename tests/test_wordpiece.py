@@ -1,6 +1,7 @@
 """The edge runtime's pure-Python WordPiece tokenizer (toolkit.runtime.wordpiece) gives the `tokenizers`
 library's ids: on every calibration text, raw and as the runtime prompts it, for every tokenizer.json ttsq
 ships or builds; on every Unicode code point; and on random text."""
+
 from __future__ import annotations
 
 import json
@@ -20,8 +21,12 @@ from toolkit.text import prompt_text
 ROOT = Path(__file__).resolve().parents[1]
 SHIPPED = ROOT / "toolkit" / "assets" / "voice" / "tokenizer.json"
 FIXTURE = ROOT / "tests" / "fixtures" / "chattts_tiny" / "asset" / "tokenizer" / "tokenizer.json"
-TEXTS = [json.loads(line)["text"] for f in sorted((ROOT / "calibration_sets").glob("*.jsonl"))
-         for line in f.read_text(encoding="utf-8").splitlines() if line.strip()]
+TEXTS = [
+    json.loads(line)["text"]
+    for f in sorted((ROOT / "calibration_sets").glob("*.jsonl"))
+    for line in f.read_text(encoding="utf-8").splitlines()
+    if line.strip()
+]
 
 
 @pytest.fixture(scope="module")
@@ -54,6 +59,7 @@ def test_calibration_texts(pairs):
 def test_shipped_voice_prompts(pairs):
     """What the shipped voice really reads: espeak-ng phonemes of the calibration texts."""
     from toolkit.frontend import FrontendError, frontend_for
+
     try:
         fe = frontend_for("espeak")
     except FrontendError as e:
@@ -74,8 +80,11 @@ def test_every_code_point():
     assert BertNormalizer({})(s) == hf.normalize_str(s)
 
 
-PIECES = st.one_of(st.text(), st.text(alphabet=string.ascii_letters + " .,!?你好世界ə ʃ", max_size=20),
-                   st.sampled_from(CONTROL_TOKENS + ["[PAD]", "[UNK]", "[Stts", "spk_emb]", "[speed_5][laugh]"]))
+PIECES = st.one_of(
+    st.text(),
+    st.text(alphabet=string.ascii_letters + " .,!?你好世界ə ʃ", max_size=20),
+    st.sampled_from(CONTROL_TOKENS + ["[PAD]", "[UNK]", "[Stts", "spk_emb]", "[speed_5][laugh]"]),
+)
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -85,15 +94,30 @@ def test_random_text(pairs, text):
 
 
 def test_long_words_and_unknowns(pairs):
-    check(pairs, ["a" * 99, "a" * 100, "a" * 101, "ab" * 60 + " x", "zzz¤€ a€b", "", " ", "[Stts]" * 3,
-                  "x[spk_emb]y", "[STTS] [laugh_0][laugh_1]"])
+    check(
+        pairs,
+        [
+            "a" * 99,
+            "a" * 100,
+            "a" * 101,
+            "ab" * 60 + " x",
+            "zzz¤€ a€b",
+            "",
+            " ",
+            "[Stts]" * 3,
+            "x[spk_emb]y",
+            "[STTS] [laugh_0][laugh_1]",
+        ],
+    )
 
 
 def test_unsupported_formats_are_named(tmp_path):
     spec = json.loads(SHIPPED.read_text(encoding="utf-8"))
-    for key, value, named in (("normalizer", {"type": "NFKC"}, "NFKC"),
-                              ("pre_tokenizer", {"type": "ByteLevel"}, "ByteLevel"),
-                              ("model", {"type": "BPE", "vocab": {}}, "BPE")):
+    for key, value, named in (
+        ("normalizer", {"type": "NFKC"}, "NFKC"),
+        ("pre_tokenizer", {"type": "ByteLevel"}, "ByteLevel"),
+        ("model", {"type": "BPE", "vocab": {}}, "BPE"),
+    ):
         with pytest.raises(TokenizerFormatError, match=f"{key} '{named}' is not supported"):
             WordPiece({**spec, key: value})
     tokens = [{**spec["added_tokens"][0], "lstrip": True}] + spec["added_tokens"][1:]
@@ -111,10 +135,17 @@ def test_format_variants():
     """No normaliser or pre-tokenizer (tokenizers then reads the text as one word), and an added token with
     normalized=true (matched in the normalised text)."""
     spec = json.loads(SHIPPED.read_text(encoding="utf-8"))
-    extra = {**spec["added_tokens"][0], "id": max(t["id"] for t in spec["added_tokens"]) + 1, "content": "HéLLo",
-             "normalized": True, "special": False}
-    for variant in ({**spec, "normalizer": None, "pre_tokenizer": None},
-                    {**spec, "added_tokens": spec["added_tokens"] + [extra]}):
+    extra = {
+        **spec["added_tokens"][0],
+        "id": max(t["id"] for t in spec["added_tokens"]) + 1,
+        "content": "HéLLo",
+        "normalized": True,
+        "special": False,
+    }
+    for variant in (
+        {**spec, "normalizer": None, "pre_tokenizer": None},
+        {**spec, "added_tokens": spec["added_tokens"] + [extra]},
+    ):
         hf, wp = HF.from_str(json.dumps(variant)), WordPiece(variant)
         for t in ("ab", "A b", "[Stts]ab[Ptts]", "hello HELLO héllo", "xhellox[laugh]HeLLo"):
             assert wp.encode(t) == hf.encode(t, add_special_tokens=False).ids, (t, variant["normalizer"])

@@ -5,6 +5,7 @@
 
 The names below load lazily (PEP 562), so torch-free parts (toolkit.runtime, toolkit.text) never import torch.
 """
+
 import os
 
 # cuDNN keeps a host-side plan for every conv input shape it meets, up to 10,000 by default, and each render length
@@ -18,8 +19,10 @@ __all__ = ["DEFAULT_MODEL", "OutOfMemory", "SamplingParams", "Synthesizer", "Utt
 def __getattr__(name):
     if name == "SamplingParams":
         from .params import SamplingParams
+
         return SamplingParams
     if name in ("DEFAULT_MODEL", "OutOfMemory", "Synthesizer", "Utterance", "load_model"):
         from . import synthesizer
+
         return getattr(synthesizer, name)
     raise AttributeError(f"module 'toolkit' has no attribute {name!r}")

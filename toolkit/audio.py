@@ -1,4 +1,5 @@
 """WAV output: finite audio only, written atomically, never over an existing file unless asked."""
+
 from __future__ import annotations
 
 import io

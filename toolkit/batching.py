@@ -1,5 +1,6 @@
 """Batching of concurrent requests: callers submit texts from any thread; one worker runs whatever has
 queued up (up to `max_batch` texts with the same speaker, seed and sampling settings) as a single batch."""
+
 from __future__ import annotations
 
 import queue
@@ -60,9 +61,13 @@ class BatchingSynthesizer:
             except queue.Empty:
                 pass
             try:
-                utts: list[Utterance] = self.synth.synthesize([r.text for r in batch], speaker=first.speaker,
-                                                              seed=first.seed, params=first.params,
-                                                              batch_size=len(batch))
+                utts: list[Utterance] = self.synth.synthesize(
+                    [r.text for r in batch],
+                    speaker=first.speaker,
+                    seed=first.seed,
+                    params=first.params,
+                    batch_size=len(batch),
+                )
                 for r, u in zip(batch, utts):
                     r.future.set_result(u)
             except Exception as e:  # every caller of the batch hears about the failure; the worker goes on

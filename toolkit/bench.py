@@ -7,6 +7,7 @@ peak memory (what the precision allocates on top of what the run held before its
 chattts side: its GPT.generate at each batch, run in a subprocess with the Python given by --chattts-python (a venv
 holding chattts 0.2.5; ttsq never imports it). The ratio is taken per batch.
 """
+
 from __future__ import annotations
 
 import copy
@@ -66,8 +67,9 @@ def _prompt(model: TTSModel, B: int, T: int, dev: torch.device):
     return emb, torch.ones(B, T, dtype=torch.bool, device=dev)
 
 
-def decode_rate(model: TTSModel, B: int, steps: int, dev: torch.device, *, prompt: int = 32, repeats: int = 3,
-                **engine_options) -> float:
+def decode_rate(
+    model: TTSModel, B: int, steps: int, dev: torch.device, *, prompt: int = 32, repeats: int = 3, **engine_options
+) -> float:
     """GPT steps/s for B sequences of exactly `steps` codes; the first run (warm-up, compile, capture) is not timed.
     engine_options: Engine arguments (cuda_graphs, compile, ...)."""
     eng = Engine(model.gpt, **engine_options)
@@ -78,9 +80,17 @@ def decode_rate(model: TTSModel, B: int, steps: int, dev: torch.device, *, promp
     return steps / statistics.median(times)
 
 
-def utterance_timing(model: TTSModel, steps: int, dev: torch.device, *, prompt: int = 32,
-                     repeats: int = 3, compile: bool = False, kernels: bool | None = None,
-                     parts: dict | None = None) -> tuple[float, float]:
+def utterance_timing(
+    model: TTSModel,
+    steps: int,
+    dev: torch.device,
+    *,
+    prompt: int = 32,
+    repeats: int = 3,
+    compile: bool = False,
+    kernels: bool | None = None,
+    parts: dict | None = None,
+) -> tuple[float, float]:
     """(RTF of one whole utterance: GPT + Decoder + Vocos, time to first audio when streaming), medians.
     parts: filled with where first audio's time goes, medians too: the prefill plus one step, and
     one render of the states first audio needs (timed apart, each between syncs)."""
@@ -98,8 +108,12 @@ def utterance_timing(model: TTSModel, steps: int, dev: torch.device, *, prompt: 
         wall = time.perf_counter() - t0
         t0 = time.perf_counter()
         renderer = StreamRenderer(model)
-        pieces = render_stream(eng.stream(emb, valid, p, seed=r, first_yield=renderer.first_audio_step,
-                                          lookahead=renderer.overlaps, reserve=steps), renderer)
+        pieces = render_stream(
+            eng.stream(
+                emb, valid, p, seed=r, first_yield=renderer.first_audio_step, lookahead=renderer.overlaps, reserve=steps
+            ),
+            renderer,
+        )
         next(pieces)
         first_audio = time.perf_counter() - t0
         pieces.close()
@@ -114,8 +128,11 @@ def utterance_timing(model: TTSModel, steps: int, dev: torch.device, *, prompt: 
             prefill.append(t_prefill)
             render.append(t_render)
     if parts is not None:
-        parts.update(prefill_and_first_step_s=statistics.median(prefill), first_audio_steps=first_audio_steps,
-                     render_first_audio_s=statistics.median(render))
+        parts.update(
+            prefill_and_first_step_s=statistics.median(prefill),
+            first_audio_steps=first_audio_steps,
+            render_first_audio_s=statistics.median(render),
+        )
     return statistics.median(rtf), statistics.median(first)
 
 
@@ -136,18 +153,32 @@ def bench_precision(base: TTSModel, name: str, cfg: BenchConfig, dev: torch.devi
     held = torch.cuda.memory_allocated(dev) if dev.type == "cuda" else 0
     model = quantized_copy(base, dev, name)
     probe = Engine(model.gpt, kernels=cfg.kernels)  # decode_rate's engines decide the same way
-    row: dict = {"weight_bytes": state_bytes(model), "steps_per_s": {}, "audio_s_per_s": {}, "peak_mem_bytes": {},
-                 "triton_kernel_batches": [B for B in cfg.batches if probe.uses_kernels(B, dev)]}
+    row: dict = {
+        "weight_bytes": state_bytes(model),
+        "steps_per_s": {},
+        "audio_s_per_s": {},
+        "peak_mem_bytes": {},
+        "triton_kernel_batches": [B for B in cfg.batches if probe.uses_kernels(B, dev)],
+    }
     if row["triton_kernel_batches"]:  # the launch settings they ran with, for the record
         from . import kernels  # imported by uses_kernels already (Triton is there)
+
         row["triton_kernel_configs"] = dict(copy.deepcopy(kernels.CONFIGS), launch=dict(pdl=probe.kernel_pdl))
     for B in cfg.batches:
         if dev.type == "cuda":
             torch.cuda.reset_peak_memory_stats(dev)
         t0 = time.perf_counter()
         try:  # a recipe may not take every batch (torchao's w8a8 needs more than 16 rows on CUDA)
-            sps = decode_rate(model, B, cfg.steps, dev, prompt=cfg.prompt, repeats=cfg.repeats, compile=cfg.compile,
-                              kernels=cfg.kernels)
+            sps = decode_rate(
+                model,
+                B,
+                cfg.steps,
+                dev,
+                prompt=cfg.prompt,
+                repeats=cfg.repeats,
+                compile=cfg.compile,
+                kernels=cfg.kernels,
+            )
         except Exception as e:  # noqa: BLE001 - recorded per batch; the other batches still run
             row.setdefault("errors", {})[str(B)] = f"{type(e).__name__}: {e}"[:300]
         else:
@@ -160,10 +191,16 @@ def bench_precision(base: TTSModel, name: str, cfg: BenchConfig, dev: torch.devi
             on_batch(row, B)
     if "1" in row["steps_per_s"]:  # RTF and first audio are batch-1 figures
         row["first_audio_parts"] = {}
-        row["rtf"], row["time_to_first_audio_s"] = utterance_timing(model, cfg.steps, dev, prompt=cfg.prompt,
-                                                                    repeats=cfg.repeats, compile=cfg.compile,
-                                                                    kernels=cfg.kernels,
-                                                                    parts=row["first_audio_parts"])
+        row["rtf"], row["time_to_first_audio_s"] = utterance_timing(
+            model,
+            cfg.steps,
+            dev,
+            prompt=cfg.prompt,
+            repeats=cfg.repeats,
+            compile=cfg.compile,
+            kernels=cfg.kernels,
+            parts=row["first_audio_parts"],
+        )
     if not row["steps_per_s"]:
         raise RuntimeError("no batch size ran: " + "; ".join(row.get("errors", {}).values()))
     return row
@@ -213,8 +250,16 @@ print(json.dumps({"steps": n, "gpt_s": dt, "steps_per_s": n / dt, "peak_mem_byte
 '''
 
 
-def run_chattts(python: str, steps: int, batch: int, device: str, dims: str = "chattts", timeout: int = 1800,
-                threads: int | None = None, workdir: Path | None = None) -> dict:
+def run_chattts(
+    python: str,
+    steps: int,
+    batch: int,
+    device: str,
+    dims: str = "chattts",
+    timeout: int = 1800,
+    threads: int | None = None,
+    workdir: Path | None = None,
+) -> dict:
     """The `chattts` package's GPT for `steps` steps at `batch`, in a subprocess: {"steps_per_s", ...} or
     {"error"/"skipped": why}."""
     workdir = Path(workdir or os.environ.get("TMPDIR", "/tmp"))
@@ -222,8 +267,14 @@ def run_chattts(python: str, steps: int, batch: int, device: str, dims: str = "c
     script.write_text(CHATTTS_SCRIPT)
     env = {**os.environ, **({"OMP_NUM_THREADS": str(threads)} if threads else {})}
     try:
-        r = subprocess.run([python, str(script), str(steps), str(batch), device, dims], capture_output=True,
-                           text=True, env=env, timeout=timeout, cwd=workdir)
+        r = subprocess.run(
+            [python, str(script), str(steps), str(batch), device, dims],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=timeout,
+            cwd=workdir,
+        )
     except FileNotFoundError:
         return {"skipped": f"no Python at {python}"}
     except subprocess.TimeoutExpired:
@@ -240,17 +291,37 @@ def run_bench(cfg: BenchConfig, progress=print, on_update=None) -> dict:
     if cfg.compile is None:  # the fast GPU path; on the CPU compiling costs more than it saves in a bench
         cfg = dataclasses.replace(cfg, compile=dev.type == "cuda")
     report = {
-        "schema": "ttsq-bench/1", "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "device": str(dev), "hardware": torch.cuda.get_device_name(dev) if dev.type == "cuda"
+        "schema": "ttsq-bench/1",
+        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "device": str(dev),
+        "hardware": torch.cuda.get_device_name(dev)
+        if dev.type == "cuda"
         else f"{platform.machine()} CPU, {torch.get_num_threads()} threads",
-        "torch": torch.__version__, "dims": cfg.dims, "steps": cfg.steps, "batches": cfg.batches,
-        "compile": cfg.compile, "kernels": cfg.kernels, "ttsq": {}, "chattts": {}, "complete": False,
+        "torch": torch.__version__,
+        "dims": cfg.dims,
+        "steps": cfg.steps,
+        "batches": cfg.batches,
+        "compile": cfg.compile,
+        "kernels": cfg.kernels,
+        "ttsq": {},
+        "chattts": {},
+        "complete": False,
     }
     update = on_update or (lambda r: None)
     for B in cfg.batches:
-        report["chattts"][str(B)] = (run_chattts(cfg.chattts_python, cfg.steps, B, str(dev), cfg.dims,
-                                                 cfg.chattts_timeout, torch.get_num_threads() if dev.type == "cpu" else None)
-                                     if cfg.chattts_python else {"skipped": "no --chattts-python given"})
+        report["chattts"][str(B)] = (
+            run_chattts(
+                cfg.chattts_python,
+                cfg.steps,
+                B,
+                str(dev),
+                cfg.dims,
+                cfg.chattts_timeout,
+                torch.get_num_threads() if dev.type == "cpu" else None,
+            )
+            if cfg.chattts_python
+            else {"skipped": "no --chattts-python given"}
+        )
         progress(f"chattts batch {B}: {json.dumps(report['chattts'][str(B)])[:300]}")
     update(report)
     base = random_model(cfg.dims, dev)
@@ -258,8 +329,14 @@ def run_bench(cfg: BenchConfig, progress=print, on_update=None) -> dict:
     def batch_done(name: str, row: dict, B: int) -> None:
         report["ttsq"][name] = row
         done = row["steps_per_s"].get(str(B))
-        progress(f"ttsq {name} batch {B}: " + (f"{done:.0f} steps/s in {row['bench_wall_s'][str(B)]} s with compile "
-                                                f"and capture" if done else f"failed: {row['errors'][str(B)]}"))
+        progress(
+            f"ttsq {name} batch {B}: "
+            + (
+                f"{done:.0f} steps/s in {row['bench_wall_s'][str(B)]} s with compile and capture"
+                if done
+                else f"failed: {row['errors'][str(B)]}"
+            )
+        )
         update(report)
 
     for name in cfg.precisions:
@@ -278,44 +355,73 @@ def run_bench(cfg: BenchConfig, progress=print, on_update=None) -> dict:
 
 def markdown(report: dict) -> str:
     batches = [str(b) for b in report["batches"]]
-    head = (["precision", "weights MiB", "RTF", "first audio s"] + [f"steps/s b{b}" for b in batches]
-            + [f"audio s/s b{b}" for b in batches] + [f"x chattts b{b}" for b in batches]
-            + [f"peak MiB b{b}" for b in batches])
+    head = (
+        ["precision", "weights MiB", "RTF", "first audio s"]
+        + [f"steps/s b{b}" for b in batches]
+        + [f"audio s/s b{b}" for b in batches]
+        + [f"x chattts b{b}" for b in batches]
+        + [f"peak MiB b{b}" for b in batches]
+    )
     mode = "CUDA graphs + torch.compile" if report.get("compile") else "CUDA graphs (no torch.compile)"
     if report.get("kernels") is not None:
         mode += ", Triton kernels " + ("forced on" if report["kernels"] else "off")
-    lines = [f"ttsq bench: {report['hardware']}, torch {report['torch']}, {report['dims']} dimensions, random weights, "
-             f"{report['steps']} GPT steps, ttsq engine: {mode}, {report['created']}"
-             + ("" if report.get("complete", True) else " (incomplete: the run has not finished, or was cut short)"),
-             "",
-             "| " + " | ".join(head) + " |", "|---" * len(head) + "|"]
+    lines = [
+        f"ttsq bench: {report['hardware']}, torch {report['torch']}, {report['dims']} dimensions, random weights, "
+        f"{report['steps']} GPT steps, ttsq engine: {mode}, {report['created']}"
+        + ("" if report.get("complete", True) else " (incomplete: the run has not finished, or was cut short)"),
+        "",
+        "| " + " | ".join(head) + " |",
+        "|---" * len(head) + "|",
+    ]
     ref = report["chattts"]
     for name, r in report["ttsq"].items():
         if "error" in r:
             lines.append(f"| {name} | failed: {r['error'][:100]} |")
             continue
         sps = r["steps_per_s"]
-        ratio = [f"{sps[b] / ref[b]['steps_per_s']:.1f}x" if b in sps and "steps_per_s" in ref.get(b, {}) else "–"
-                 for b in batches]
+        ratio = [
+            f"{sps[b] / ref[b]['steps_per_s']:.1f}x" if b in sps and "steps_per_s" in ref.get(b, {}) else "–"
+            for b in batches
+        ]
         mem = [f"{r['peak_mem_bytes'][b] / 2**20:.0f}" if b in r["peak_mem_bytes"] else "–" for b in batches]
         at_b1 = [f"{r['rtf']:.3f}", f"{r['time_to_first_audio_s']:.3f}"] if "rtf" in r else ["–", "–"]
-        lines.append("| " + " | ".join([name, f"{r['weight_bytes'] / 2**20:.0f}"] + at_b1
-                                       + [f"{sps[b]:.0f}" if b in sps else "–" for b in batches]
-                                       + [f"{r['audio_s_per_s'][b]:.1f}" if b in sps else "–" for b in batches]
-                                       + ratio + mem) + " |")
-    cells = [f"b{b}: " + (f"{ref[b]['steps_per_s']:.1f} steps/s" if "steps_per_s" in ref[b]
-                          else ref[b].get("skipped") or "failed: " + ref[b].get("error", "")[-200:])
-             for b in batches if b in ref]
+        lines.append(
+            "| "
+            + " | ".join(
+                [name, f"{r['weight_bytes'] / 2**20:.0f}"]
+                + at_b1
+                + [f"{sps[b]:.0f}" if b in sps else "–" for b in batches]
+                + [f"{r['audio_s_per_s'][b]:.1f}" if b in sps else "–" for b in batches]
+                + ratio
+                + mem
+            )
+            + " |"
+        )
+    cells = [
+        f"b{b}: "
+        + (
+            f"{ref[b]['steps_per_s']:.1f} steps/s"
+            if "steps_per_s" in ref[b]
+            else ref[b].get("skipped") or "failed: " + ref[b].get("error", "")[-200:]
+        )
+        for b in batches
+        if b in ref
+    ]
     lines += ["", "chattts package, same run: " + "; ".join(cells)]
     parts = []
     for name, r in report["ttsq"].items():
         if f := r.get("first_audio_parts"):
-            parts.append(f"{name}: prefill + 1 step {f['prefill_and_first_step_s'] * 1e3:.1f} ms, "
-                         f"render of the first {f['first_audio_steps']} states {f['render_first_audio_s'] * 1e3:.1f} ms")
+            parts.append(
+                f"{name}: prefill + 1 step {f['prefill_and_first_step_s'] * 1e3:.1f} ms, "
+                f"render of the first {f['first_audio_steps']} states {f['render_first_audio_s'] * 1e3:.1f} ms"
+            )
     if parts:
         lines += ["", "Where first audio goes (batch 1, each part timed alone): " + "; ".join(parts)]
-    fused = [f"{name} at batch {', '.join(map(str, r['triton_kernel_batches']))}"
-             for name, r in report["ttsq"].items() if r.get("triton_kernel_batches")]
+    fused = [
+        f"{name} at batch {', '.join(map(str, r['triton_kernel_batches']))}"
+        for name, r in report["ttsq"].items()
+        if r.get("triton_kernel_batches")
+    ]
     if fused:
         lines += ["", "Decode steps through the Triton kernels of toolkit/kernels.py: " + "; ".join(fused)]
     return "\n".join(lines) + "\n"

@@ -1,5 +1,6 @@
 """Checkpoint I/O: official ChatTTS asset folders (read only, never renamed or rejected for their hash)
 and ttsq's own folder format (manifest.json + model.safetensors + tokenizer.json), loaded strictly."""
+
 from __future__ import annotations
 
 import hashlib
@@ -14,7 +15,7 @@ import torch
 from torch import Tensor
 
 from .fileio import atomic_dir
-from .models import ModelConfig, TTSModel, Tokenizer
+from .models import ModelConfig, Tokenizer, TTSModel
 from .models.config import ConvStackConfig, GFSQConfig, GPTConfig, VocosConfig
 
 FORMAT = "ttsq"
@@ -34,12 +35,14 @@ def read_tensors(path: Path) -> dict[str, Tensor]:
     try:
         if path.suffix == ".safetensors":
             from safetensors.torch import load_file
+
             return load_file(str(path))
         obj = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:
         raise CheckpointError(
             f"cannot read {path}: {type(e).__name__}: {e}. The file is corrupt, truncated, or (for .pt) "
-            "holds code or objects other than tensors; re-export or re-download it") from e
+            "holds code or objects other than tensors; re-export or re-download it"
+        ) from e
     if not isinstance(obj, dict) or not all(isinstance(v, Tensor) for v in obj.values()):
         raise CheckpointError(f"{path} does not hold a flat dict of tensors")
     return obj
@@ -58,13 +61,18 @@ def load_strict(model: torch.nn.Module, state: dict[str, Tensor], source: str, a
     expected = model.state_dict()
     missing = sorted(set(expected) - set(state))
     unexpected = sorted(set(state) - set(expected))
-    wrong = sorted(f"{k}: file {tuple(state[k].shape)} vs model {tuple(expected[k].shape)}"
-                   for k in set(state) & set(expected) if state[k].shape != expected[k].shape)
+    wrong = sorted(
+        f"{k}: file {tuple(state[k].shape)} vs model {tuple(expected[k].shape)}"
+        for k in set(state) & set(expected)
+        if state[k].shape != expected[k].shape
+    )
     if missing or unexpected or wrong:
         lines = [f"{source} does not match the model architecture:"]
         for title, items in (("missing", missing), ("unexpected", unexpected), ("wrong shape", wrong)):
             if items:
-                lines.append(f"  {title} ({len(items)}): " + ", ".join(items[:12]) + (" ..." if len(items) > 12 else ""))
+                lines.append(
+                    f"  {title} ({len(items)}): " + ", ".join(items[:12]) + (" ..." if len(items) > 12 else "")
+                )
         lines.append("  Is this a ChatTTS-architecture checkpoint, and are all its files from the same release?")
         raise CheckpointError("\n".join(lines))
     model.load_state_dict(state, strict=True, assign=assign)
@@ -85,8 +93,10 @@ def _official_file(asset: Path, stem: str) -> Path:
     for ext in (".safetensors", ".pt"):
         if (asset / f"{stem}{ext}").is_file():
             return asset / f"{stem}{ext}"
-    raise CheckpointError(f"missing {asset / stem}.safetensors: an official ChatTTS asset folder holds "
-                          "gpt/, tokenizer/, Embed, DVAE, Decoder and Vocos .safetensors")
+    raise CheckpointError(
+        f"missing {asset / stem}.safetensors: an official ChatTTS asset folder holds "
+        "gpt/, tokenizer/, Embed, DVAE, Decoder and Vocos .safetensors"
+    )
 
 
 DVAE_UNUSED = ("encoder.", "downsample_conv.", "preprocessor_mel.", "vq_layer.")  # encode direction only
@@ -99,12 +109,12 @@ def _convstack_keys(state: dict, prefix: str, out: str, unused: tuple[str, ...] 
         if k.startswith(unused):
             continue
         if k.startswith(prefix + "decoder."):
-            k2 = k[len(prefix + "decoder."):]
+            k2 = k[len(prefix + "decoder.") :]
             k2 = re.sub(r"^decoder_block\.(\d+)\.weight$", r"blocks.\1.scale", k2)
             k2 = re.sub(r"^decoder_block\.", "blocks.", k2)
             mapped[out + k2] = v
         elif k in (prefix + "out_conv.weight", prefix + "coef"):
-            mapped[out + k[len(prefix):]] = v
+            mapped[out + k[len(prefix) :]] = v
         else:
             mapped[out + "<file>." + k] = v
     return mapped
@@ -118,8 +128,9 @@ def convstack_config(state: dict, prefix: str, idim: int) -> ConvStackConfig:
     dw = state[prefix + "blocks.0.dwconv.weight"] if layers else None
     kernel = dw.shape[-1] if dw is not None else 7
     n_mels = state[prefix + "out_conv.weight"].shape[0] if prefix + "out_conv.weight" in state else 100
-    return ConvStackConfig(idim=idim, odim=odim, hidden=hidden, layers=layers, bn_dim=bn_dim, kernel=kernel,
-                           n_mels=n_mels)
+    return ConvStackConfig(
+        idim=idim, odim=odim, hidden=hidden, layers=layers, bn_dim=bn_dim, kernel=kernel, n_mels=n_mels
+    )
 
 
 def _vocos_keys(state: dict) -> dict[str, Tensor]:
@@ -161,10 +172,12 @@ def load_official(root: Path) -> TTSModel:
         p = f"layers.{i}."
         try:
             state[f"gpt.{p}attention.wqkv.weight"] = torch.cat(
-                [gpt_state.pop(f"{p}self_attn.{x}_proj.weight") for x in "qkv"])
+                [gpt_state.pop(f"{p}self_attn.{x}_proj.weight") for x in "qkv"]
+            )
             state[f"gpt.{p}attention.wo.weight"] = gpt_state.pop(f"{p}self_attn.o_proj.weight")
             state[f"gpt.{p}feed_forward.w13.weight"] = torch.cat(
-                [gpt_state.pop(f"{p}mlp.{x}_proj.weight") for x in ("gate", "up")])
+                [gpt_state.pop(f"{p}mlp.{x}_proj.weight") for x in ("gate", "up")]
+            )
             state[f"gpt.{p}feed_forward.w2.weight"] = gpt_state.pop(f"{p}mlp.down_proj.weight")
             state[f"gpt.{p}attention_norm.weight"] = gpt_state.pop(f"{p}input_layernorm.weight")
             state[f"gpt.{p}ffn_norm.weight"] = gpt_state.pop(f"{p}post_attention_layernorm.weight")
@@ -178,7 +191,9 @@ def load_official(root: Path) -> TTSModel:
 
     n_vq = len({k.split(".")[1] for k in embed if k.startswith("emb_code.")})
     state["gpt.emb_text.weight"] = _pick(embed, asset / "Embed", "emb_text.weight")
-    state["gpt.emb_code.weight"] = torch.cat([_pick(embed, asset / "Embed", f"emb_code.{i}.weight") for i in range(n_vq)])
+    state["gpt.emb_code.weight"] = torch.cat(
+        [_pick(embed, asset / "Embed", f"emb_code.{i}.weight") for i in range(n_vq)]
+    )
 
     def head(name):
         base = f"{name}.parametrizations.weight."
@@ -203,30 +218,45 @@ def load_official(root: Path) -> TTSModel:
             for t in ("weight", "bias"):
                 state[f"dvae.gfsq.project_out.{g}.{t}"] = dvae[f"vq_layer.quantizer.rvqs.{g}.project_out.{t}"]
         proj = state["dvae.gfsq.project_out.0.weight"]
-        dvae_cfg = convstack_config({k[len("dvae.stack."):]: v for k, v in state.items()
-                                      if k.startswith("dvae.stack.")}, "", proj.shape[0])
-        levels = tuple(int(x) for x in dvae.get("vq_layer.quantizer.rvqs.0.layers.0._levels", torch.tensor([5, 5, 5, 5])))
+        dvae_cfg = convstack_config(
+            {k[len("dvae.stack.") :]: v for k, v in state.items() if k.startswith("dvae.stack.")}, "", proj.shape[0]
+        )
+        levels = tuple(
+            int(x) for x in dvae.get("vq_layer.quantizer.rvqs.0.layers.0._levels", torch.tensor([5, 5, 5, 5]))
+        )
         if len(levels) != proj.shape[1]:
             levels = (5,) * proj.shape[1]
-        residuals = len({k.split(".")[5] for k in dvae if re.match(r"vq_layer\.quantizer\.rvqs\.0\.layers\.\d+\.", k)}) or 2
+        residuals = (
+            len({k.split(".")[5] for k in dvae if re.match(r"vq_layer\.quantizer\.rvqs\.0\.layers\.\d+\.", k)}) or 2
+        )
         gfsq_cfg = GFSQConfig(dim=proj.shape[0] * len(groups), levels=levels, groups=len(groups), residuals=residuals)
 
     D = state["gpt.emb_text.weight"].shape[1]
     cfg = ModelConfig(
         gpt=GPTConfig(
-            hidden=D, layers=n_layers, heads=heads, intermediate=state["gpt.layers.0.feed_forward.w2.weight"].shape[1],
+            hidden=D,
+            layers=n_layers,
+            heads=heads,
+            intermediate=state["gpt.layers.0.feed_forward.w2.weight"].shape[1],
             rms_eps=hf.get("rms_norm_eps", 1e-6),
             rope_theta=float(hf.get("rope_theta", (hf.get("rope_parameters") or {}).get("rope_theta", 10000.0))),
             max_positions=hf.get("max_position_embeddings", 4096),
             num_text_tokens=state["gpt.emb_text.weight"].shape[0],
-            num_audio_tokens=state["gpt.emb_code.weight"].shape[0] // n_vq, num_vq=n_vq),
-        decoder=convstack_config({k[len("decoder."):]: v for k, v in state.items() if k.startswith("decoder.")}, "",
-                                  D // 2),
-        dvae=dvae_cfg, gfsq=gfsq_cfg,
-        vocos=VocosConfig(n_mels=state["vocos.embed.weight"].shape[1], dim=state["vocos.embed.weight"].shape[0],
-                          intermediate=state["vocos.blocks.0.pwconv1.weight"].shape[0],
-                          layers=len({k.split(".")[2] for k in state if k.startswith("vocos.blocks.")}),
-                          n_fft=state["vocos.out.weight"].shape[0] - 2),
+            num_audio_tokens=state["gpt.emb_code.weight"].shape[0] // n_vq,
+            num_vq=n_vq,
+        ),
+        decoder=convstack_config(
+            {k[len("decoder.") :]: v for k, v in state.items() if k.startswith("decoder.")}, "", D // 2
+        ),
+        dvae=dvae_cfg,
+        gfsq=gfsq_cfg,
+        vocos=VocosConfig(
+            n_mels=state["vocos.embed.weight"].shape[1],
+            dim=state["vocos.embed.weight"].shape[0],
+            intermediate=state["vocos.blocks.0.pwconv1.weight"].shape[0],
+            layers=len({k.split(".")[2] for k in state if k.startswith("vocos.blocks.")}),
+            n_fft=state["vocos.out.weight"].shape[0] - 2,
+        ),
     )
     tokenizer = Tokenizer(asset / "tokenizer" / "tokenizer.json")
     model = TTSModel(cfg, tokenizer)
@@ -260,11 +290,15 @@ def verify_files(root: Path, manifest: dict) -> None:
         if not f.is_file():
             raise CheckpointError(f"{f} is listed in the manifest but missing")
         if f.stat().st_size != meta.get("bytes", f.stat().st_size):
-            raise CheckpointError(f"{f} has {f.stat().st_size} bytes but the manifest says {meta['bytes']}: "
-                                  "the file is truncated or was replaced; re-create it")
+            raise CheckpointError(
+                f"{f} has {f.stat().st_size} bytes but the manifest says {meta['bytes']}: "
+                "the file is truncated or was replaced; re-create it"
+            )
         if meta.get("sha256") and sha256_file(f) != meta["sha256"]:
-            warnings.warn(f"{f} differs from the sha256 in its manifest: it was modified or corrupted after "
-                          "it was written", stacklevel=3)
+            warnings.warn(
+                f"{f} differs from the sha256 in its manifest: it was modified or corrupted after it was written",
+                stacklevel=3,
+            )
 
 
 def split_state(model: TTSModel) -> dict[str, Tensor]:
@@ -281,8 +315,10 @@ def default_voice_first(voices: dict[str, Tensor], default: str | None, named_in
     if default is None:
         return voices
     if default not in voices:
-        raise CheckpointError(f"{named_in} names the default voice {default!r}, but the model's voices are "
-                              f"{sorted(voices) or 'none'}: name one of those")
+        raise CheckpointError(
+            f"{named_in} names the default voice {default!r}, but the model's voices are "
+            f"{sorted(voices) or 'none'}: name one of those"
+        )
     return {default: voices[default], **{k: v for k, v in voices.items() if k != default}}
 
 
@@ -295,14 +331,20 @@ def load_ttsq(root: Path, manifest: dict | None = None) -> TTSModel:
         raise CheckpointError(f"{root / 'manifest.json'} has a bad config: {e}") from e
     model = TTSModel(cfg, Tokenizer(root / "tokenizer.json"))
     state = read_tensors(root / "model.safetensors")
-    voices = {k[len("voice."):]: state.pop(k) for k in list(state) if k.startswith("voice.")}
+    voices = {k[len("voice.") :]: state.pop(k) for k in list(state) if k.startswith("voice.")}
     load_strict(model, {k: v.float() if v.is_floating_point() else v for k, v in state.items()}, f"ttsq model {root}")
     model.voices = default_voice_first(voices, manifest.get("default_voice"), str(root / "manifest.json"))
     return model.eval().requires_grad_(False)
 
 
-def save_ttsq(model: TTSModel, out: str | Path, *, force: bool = False, extra: dict | None = None,
-              weights_dtype: torch.dtype = torch.float32) -> Path:
+def save_ttsq(
+    model: TTSModel,
+    out: str | Path,
+    *,
+    force: bool = False,
+    extra: dict | None = None,
+    weights_dtype: torch.dtype = torch.float32,
+) -> Path:
     """Write the weights atomically: a temporary folder, then a rename. An existing folder needs force.
     weights_dtype=torch.float16 stores them at half the size; load_ttsq widens them to fp32 again, so the model
     still computes (and is the reference) at fp32, with fp16-rounded weights."""
@@ -322,16 +364,27 @@ def save_ttsq(model: TTSModel, out: str | Path, *, force: bool = False, extra: d
     with atomic_dir(out, force=force) as tmp:
         save_file(state, str(tmp / "model.safetensors"))
         shutil.copyfile(model.tokenizer.path, tmp / "tokenizer.json")
-        write_manifest(tmp, {"precision": "fp32", "weights_dtype": dtype_name,
-                             "config": model.cfg.to_dict(), "frontend": getattr(model, "frontend", None),
-                             "text_head": getattr(model, "text_head", True),
-                             "default_voice": model.default_voice, **(extra or {})})
+        write_manifest(
+            tmp,
+            {
+                "precision": "fp32",
+                "weights_dtype": dtype_name,
+                "config": model.cfg.to_dict(),
+                "frontend": getattr(model, "frontend", None),
+                "text_head": getattr(model, "text_head", True),
+                "default_voice": model.default_voice,
+                **(extra or {}),
+            },
+        )
     return out
 
 
 def write_manifest(folder: Path, fields: dict) -> dict:
-    files = {f.name: {"bytes": f.stat().st_size, "sha256": sha256_file(f)}
-             for f in sorted(folder.iterdir()) if f.is_file() and f.name != "manifest.json"}
+    files = {
+        f.name: {"bytes": f.stat().st_size, "sha256": sha256_file(f)}
+        for f in sorted(folder.iterdir())
+        if f.is_file() and f.name != "manifest.json"
+    }
     manifest = {"format": FORMAT, "format_version": FORMAT_VERSION, **fields, "files": files}
     (folder / "manifest.json").write_text(json.dumps(manifest, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
     return manifest
@@ -339,14 +392,17 @@ def write_manifest(folder: Path, fields: dict) -> dict:
 
 def detect_layout(root: Path) -> str:
     if not root.exists():
-        raise CheckpointError(f"model path not found: {root}. Pass --model with a ttsq model folder, a "
-                              "quantized artifact, or an official ChatTTS folder (the one holding asset/)")
+        raise CheckpointError(
+            f"model path not found: {root}. Pass --model with a ttsq model folder, a "
+            "quantized artifact, or an official ChatTTS folder (the one holding asset/)"
+        )
     if (root / "manifest.json").is_file():
         return "ttsq"
     if (root / "asset" / "gpt").is_dir() or (root / "gpt" / "config.json").is_file():
         return "chattts"
-    raise CheckpointError(f"{root} is neither a ttsq model folder (manifest.json) nor an official ChatTTS "
-                          "folder (asset/gpt/config.json)")
+    raise CheckpointError(
+        f"{root} is neither a ttsq model folder (manifest.json) nor an official ChatTTS folder (asset/gpt/config.json)"
+    )
 
 
 # --- DVAE encoders (speakers from sample audio) -------------------------------------------------------
@@ -367,23 +423,27 @@ def load_dvae_encoder(root: str | Path, cfg: ModelConfig):
         load_strict(enc.encoder, state, str(voice_file))
         return enc.eval().requires_grad_(False)
     if detect_layout(root) != "chattts":
-        raise CheckpointError(f"{root} has no DVAE encoder: an official ChatTTS folder keeps it in asset/DVAE, a voice "
-                              f"lab model in {VOICE_ENCODER}; copy the one the model was trained with beside it")
+        raise CheckpointError(
+            f"{root} has no DVAE encoder: an official ChatTTS folder keeps it in asset/DVAE, a voice "
+            f"lab model in {VOICE_ENCODER}; copy the one the model was trained with beside it"
+        )
     asset = root / "asset" if (root / "asset").is_dir() else root
     dvae = read_tensors(_official_file(asset, "DVAE"))
     if "downsample_conv.0.weight" not in dvae or cfg.gfsq is None:
-        raise CheckpointError(f"{asset / 'DVAE'} holds no encoder (downsample_conv.*, encoder.*, vq_layer.*): this "
-                              "release of the DVAE decodes only")
+        raise CheckpointError(
+            f"{asset / 'DVAE'} holds no encoder (downsample_conv.*, encoder.*, vq_layer.*): this "
+            "release of the DVAE decodes only"
+        )
     state = {"coef": dvae["coef"].view(1, -1, 1)}
     for k, v in dvae.items():
         if k.startswith("downsample_conv."):
-            state["downsample." + k[len("downsample_conv."):]] = v
+            state["downsample." + k[len("downsample_conv.") :]] = v
         elif k.startswith("encoder."):
-            k2 = re.sub(r"^decoder_block\.(\d+)\.weight$", r"blocks.\1.scale", k[len("encoder."):])
+            k2 = re.sub(r"^decoder_block\.(\d+)\.weight$", r"blocks.\1.scale", k[len("encoder.") :])
             state["body." + k2.replace("decoder_block.", "blocks.")] = v
         elif m := re.fullmatch(r"vq_layer\.quantizer\.rvqs\.(\d+)\.project_in\.(weight|bias)", k):
             state[f"gfsq.project_in.{m[1]}.{m[2]}"] = v
-    body = {k[len("body."):]: v for k, v in state.items() if k.startswith("body.")}
+    body = {k[len("body.") :]: v for k, v in state.items() if k.startswith("body.")}
     body_cfg = convstack_config(body, "", body["conv_in.0.weight"].shape[1])
     dim = dvae["downsample_conv.0.weight"].shape[0]
     gfsq = GFSQConfig(dim=body_cfg.odim, levels=cfg.gfsq.levels, groups=cfg.gfsq.groups, residuals=cfg.gfsq.residuals)

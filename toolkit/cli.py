@@ -1,4 +1,5 @@
 """The `ttsq` command line: a thin layer over the library API."""
+
 from __future__ import annotations
 
 import argparse
@@ -11,13 +12,16 @@ from pathlib import Path
 
 from .progress import progress_bar
 
-
 KERNELS = {"auto": None, "on": True, "off": False}  # --kernels -> Engine(kernels=...)
 
 
 def add_kernels_option(s) -> None:
-    s.add_argument("--kernels", choices=tuple(KERNELS), default="auto",
-                   help="the Triton decode step at batch <= 2: auto (on CUDA where it runs), on, or off")
+    s.add_argument(
+        "--kernels",
+        choices=tuple(KERNELS),
+        default="auto",
+        help="the Triton decode step at batch <= 2: auto (on CUDA where it runs), on, or off",
+    )
 
 
 def cmd_synth(a) -> int:
@@ -34,36 +38,54 @@ def cmd_synth(a) -> int:
     speaker = with_transcript(a.speaker, a.speaker_text)  # a bad speaker fails before the model loads
     synth = Synthesizer(a.model, a.device, a.precision, compile=a.compile, kernels=KERNELS[a.kernels])
     params = SamplingParams(temperature=a.temperature, top_p=a.top_p, top_k=a.top_k, max_new_tokens=a.max_steps)
-    utt = synth.synthesize(text, speaker=speaker, seed=a.seed, params=params, batch_size=a.batch_size,
-                           control_tokens=a.control_tokens, progress=progress_bar("sentences"), **_refine_args(a))[0]
+    utt = synth.synthesize(
+        text,
+        speaker=speaker,
+        seed=a.seed,
+        params=params,
+        batch_size=a.batch_size,
+        control_tokens=a.control_tokens,
+        progress=progress_bar("sentences"),
+        **_refine_args(a),
+    )[0]
     write_wav(out, utt.wav, utt.sample_rate, force=a.force)
     t = utt.timings
     if a.refine:
         print(f"refined: {utt.text}")
-    print(f"wrote {out}: {utt.duration:.2f} s at {utt.sample_rate} Hz, {utt.steps} steps, "
-          f"{t['total']:.2f} s to synthesize (RTF {t['total'] / max(utt.duration, 1e-9):.3f})"
-          + (" [hit max steps]" if utt.hit_limit else ""))
+    print(
+        f"wrote {out}: {utt.duration:.2f} s at {utt.sample_rate} Hz, {utt.steps} steps, "
+        f"{t['total']:.2f} s to synthesize (RTF {t['total'] / max(utt.duration, 1e-9):.3f})"
+        + (" [hit max steps]" if utt.hit_limit else "")
+    )
     return 0
 
 
 def _refine_args(a) -> dict:
     """synth's --refine options -> synthesize()'s keyword arguments (the torch and the edge runtime take the same)."""
     from .refine import refine_params
-    return {"refine": a.refine, "refine_prompt": a.refine_prompt,
-            "refine_params": refine_params(max_new_tokens=a.refine_max_steps)}
+
+    return {
+        "refine": a.refine,
+        "refine_prompt": a.refine_prompt,
+        "refine_params": refine_params(max_new_tokens=a.refine_max_steps),
+    }
 
 
 def cmd_refine(a) -> int:
     text = sys.stdin.read() if a.text == "-" else a.text
     from .refine import refine_params
+
     params = refine_params(temperature=a.temperature, top_p=a.top_p, top_k=a.top_k, max_new_tokens=a.max_steps)
-    kwargs = dict(prompt=a.refine_prompt, seed=a.seed, params=params, batch_size=a.batch_size,
-                  control_tokens=a.control_tokens)
+    kwargs = dict(
+        prompt=a.refine_prompt, seed=a.seed, params=params, batch_size=a.batch_size, control_tokens=a.control_tokens
+    )
     if a.model and (Path(a.model) / "onnx_manifest.json").is_file():
         from .runtime import EdgeSynthesizer
+
         print(EdgeSynthesizer(a.model, device=a.device).refine(text, **kwargs)[0])
         return 0
     from . import Synthesizer
+
     print(Synthesizer(a.model, a.device, a.precision).refine(text, **kwargs)[0])
     return 0
 
@@ -78,15 +100,24 @@ def _synth_onnx(a, text: str, out: Path) -> int:
     if synth.provider_note:
         print(synth.provider_note, file=sys.stderr)
     params = SamplingParams(temperature=a.temperature, top_p=a.top_p, top_k=a.top_k, max_new_tokens=a.max_steps)
-    utt = synth.synthesize(text, speaker=with_transcript(a.speaker, a.speaker_text), seed=a.seed, params=params,
-                           batch_size=a.batch_size, control_tokens=a.control_tokens, **_refine_args(a))[0]
+    utt = synth.synthesize(
+        text,
+        speaker=with_transcript(a.speaker, a.speaker_text),
+        seed=a.seed,
+        params=params,
+        batch_size=a.batch_size,
+        control_tokens=a.control_tokens,
+        **_refine_args(a),
+    )[0]
     write_wav(out, utt.wav, utt.sample_rate)
     t = utt.timings
     if a.refine:
         print(f"refined: {utt.text}")
-    print(f"wrote {out}: {utt.duration:.2f} s at {utt.sample_rate} Hz, {utt.steps} steps, "
-          f"{t['total']:.2f} s to synthesize (RTF {t['total'] / max(utt.duration, 1e-9):.3f}, ONNX {synth.precision})"
-          + (" [hit max steps]" if utt.hit_limit else ""))
+    print(
+        f"wrote {out}: {utt.duration:.2f} s at {utt.sample_rate} Hz, {utt.steps} steps, "
+        f"{t['total']:.2f} s to synthesize (RTF {t['total'] / max(utt.duration, 1e-9):.3f}, ONNX {synth.precision})"
+        + (" [hit max steps]" if utt.hit_limit else "")
+    )
     return 0
 
 
@@ -103,6 +134,7 @@ def cmd_speaker_sample(a) -> int:
     seed = a.seed if a.seed is not None else secrets.randbelow(2**32)
     if a.model:
         from .synthesizer import load_model
+
         stat = load_model(a.model).spk_stat
     else:  # ChatTTS's own spk_stat: the string is the one `chat.sample_random_speaker()` gives after manual_seed
         stat = torch.from_numpy(np.load(ASSETS / "chattts_spk_stat.npy")).view(2, -1)
@@ -129,13 +161,16 @@ def cmd_speaker_from_audio(a) -> int:
     spk = speaker_from_audio(model, encoder, wav, a.text, FitSettings(steps=a.steps))
     if isinstance(spk, SampleSpeaker):
         line = spk.to_string()
-        hint = (f"a sample-audio speaker ({spk.codes.shape[1]} code frames): synthesize with --speaker STRING "
-                "--speaker-text TRANSCRIPT")
+        hint = (
+            f"a sample-audio speaker ({spk.codes.shape[1]} code frames): synthesize with --speaker STRING "
+            "--speaker-text TRANSCRIPT"
+        )
     else:
         line = encode_vector(spk)
         hint = f"a speaker vector ({len(spk)} values) fitted to the sample: synthesize with --speaker STRING"
     if a.out:
         from .fileio import atomic_write_bytes
+
         atomic_write_bytes(Path(a.out), (line + "\n").encode())
         hint += f"; written to {a.out}"
     else:
@@ -151,8 +186,11 @@ def cmd_speaker_decode(a) -> int:
     if isinstance(spec, SampleSpeaker):
         print(json.dumps({"kind": "sample-audio", "shape": list(spec.codes.shape), "codes": spec.codes.tolist()}))
     elif hasattr(spec, "dtype"):
-        print(json.dumps({"kind": "vector", "dim": len(spec), "dtype": str(spec.dtype),
-                          "vector": [float(x) for x in spec]}))
+        print(
+            json.dumps(
+                {"kind": "vector", "dim": len(spec), "dtype": str(spec.dtype), "vector": [float(x) for x in spec]}
+            )
+        )
     else:
         raise ValueError(f"{a.speaker!r} is a seed or a voice name, not a speaker string or file")
     return 0
@@ -161,12 +199,13 @@ def cmd_speaker_decode(a) -> int:
 def cmd_export(a) -> int:
     from .export import export_onnx
 
-    out = export_onnx(a.model, a.precision, a.out, calib_set=a.calib, force=a.force,
-                      progress=progress_bar("export"))
+    out = export_onnx(a.model, a.precision, a.out, calib_set=a.calib, force=a.force, progress=progress_bar("export"))
     files = json.loads((out / "onnx_manifest.json").read_text())["files"]
     size = sum(f["bytes"] for f in files.values())
-    print(f"wrote {out} ({a.precision}, {size / 2**20:.1f} MiB): "
-          + ", ".join(f"{k} {v['bytes'] / 2**20:.1f} MiB" for k, v in files.items() if k.endswith(".onnx")))
+    print(
+        f"wrote {out} ({a.precision}, {size / 2**20:.1f} MiB): "
+        + ", ".join(f"{k} {v['bytes'] / 2**20:.1f} MiB" for k, v in files.items() if k.endswith(".onnx"))
+    )
     return 0
 
 
@@ -180,10 +219,19 @@ def cmd_info(a) -> int:
     manifest = checkpoint.read_manifest(root) if layout == "ttsq" else {}
     size = sum(f.stat().st_size for f in root.rglob("*") if f.is_file())
     counts = model.parameter_counts()
-    info = {"path": str(root), "layout": layout, "precision": manifest.get("precision", "fp32"),
-            "size_bytes": size, "parameters": counts, "parameters_total": sum(counts.values()),
-            "voices": sorted(model.voices), "default_voice": model.default_voice,
-            "frontend": manifest.get("frontend"), "source": manifest.get("source"), "config": model.cfg.to_dict()}
+    info = {
+        "path": str(root),
+        "layout": layout,
+        "precision": manifest.get("precision", "fp32"),
+        "size_bytes": size,
+        "parameters": counts,
+        "parameters_total": sum(counts.values()),
+        "voices": sorted(model.voices),
+        "default_voice": model.default_voice,
+        "frontend": manifest.get("frontend"),
+        "source": manifest.get("source"),
+        "config": model.cfg.to_dict(),
+    }
     if a.json:
         print(json.dumps(info, indent=2))
         return 0
@@ -194,12 +242,15 @@ def cmd_info(a) -> int:
         print(f"  {k:8s} {v / 1e6:8.2f} M parameters")
     print(f"  total    {info['parameters_total'] / 1e6:8.2f} M")
     g = model.cfg.gpt
-    print(f"  gpt: hidden {g.hidden}, {g.layers} layers, {g.heads} heads, ffn {g.intermediate}, "
-          f"text vocab {g.num_text_tokens}, {g.num_vq} x {g.num_audio_tokens} codes")
+    print(
+        f"  gpt: hidden {g.hidden}, {g.layers} layers, {g.heads} heads, ffn {g.intermediate}, "
+        f"text vocab {g.num_text_tokens}, {g.num_vq} x {g.num_audio_tokens} codes"
+    )
     voices = f"{', '.join(info['voices'])} (default {info['default_voice']})" if info["voices"] else None
     print(f"  voices: {voices or '(random speakers from seeds)'}")
     if manifest.get("layers"):
         from collections import Counter
+
         print("  layers: " + ", ".join(f"{n} {p}" for p, n in Counter(manifest["layers"].values()).items()))
     return 0
 
@@ -210,21 +261,41 @@ def cmd_quantize(a) -> int:
     limit = a.limit if a.limit is not None else calibration_texts(a.device)
     stages = plan_stages(a.precision, a.calib is not None, a.keep_sensitive, a.target_error, not a.no_awq)
     if a.calib is not None:  # the cost up front: it scales with texts x steps
-        print(f"quantize {a.precision}: calibrating on {limit} texts of {a.calib} x up to {a.max_steps} GPT steps "
-              f"(--limit, --max-steps); stages: {', '.join(stages)}. Each stage shows its own progress and ETA.",
-              file=sys.stderr, flush=True)
-    out, report = quantize_to_artifact(a.model, a.precision, a.out, calib_set=a.calib, device=a.device,
-                                       limit=limit, max_steps=a.max_steps, awq=not a.no_awq,
-                                       keep_sensitive=a.keep_sensitive, target_error=a.target_error,
-                                       force=a.force, progress=progress_bar("quantize"), float_dtype=a.float_dtype)
+        print(
+            f"quantize {a.precision}: calibrating on {limit} texts of {a.calib} x up to {a.max_steps} GPT steps "
+            f"(--limit, --max-steps); stages: {', '.join(stages)}. Each stage shows its own progress and ETA.",
+            file=sys.stderr,
+            flush=True,
+        )
+    out, report = quantize_to_artifact(
+        a.model,
+        a.precision,
+        a.out,
+        calib_set=a.calib,
+        device=a.device,
+        limit=limit,
+        max_steps=a.max_steps,
+        awq=not a.no_awq,
+        keep_sensitive=a.keep_sensitive,
+        target_error=a.target_error,
+        force=a.force,
+        progress=progress_bar("quantize"),
+        float_dtype=a.float_dtype,
+    )
     plan = report.plan
     print(f"wrote {out}")
-    print("| precision | quantized layers | kept float (sensitive) | skipped (shape) | size before | size after | "
-          + " | ".join(f"err {s}" for s in report.errors) + " |")
+    print(
+        "| precision | quantized layers | kept float (sensitive) | skipped (shape) | size before | size after | "
+        + " | ".join(f"err {s}" for s in report.errors)
+        + " |"
+    )
     print("|---" * (6 + len(report.errors)) + "|")
-    print(f"| {a.precision} | {len(plan.quantize)} | {len(plan.keep)} | {len(plan.skipped)} | "
-          f"{report.bytes_before / 2**20:.2f} MiB | {report.bytes_after / 2**20:.2f} MiB | "
-          + " | ".join(f"{v:.2e}" for v in report.errors.values()) + " |")
+    print(
+        f"| {a.precision} | {len(plan.quantize)} | {len(plan.keep)} | {len(plan.skipped)} | "
+        f"{report.bytes_before / 2**20:.2f} MiB | {report.bytes_after / 2**20:.2f} MiB | "
+        + " | ".join(f"{v:.2e}" for v in report.errors.values())
+        + " |"
+    )
     if not report.errors:
         print("(no --calib set: errors against FP32 were not measured)")
     return 0
@@ -232,6 +303,7 @@ def cmd_quantize(a) -> int:
 
 def cmd_evaluate(a) -> int:
     from evaluation.cli import run_from_args
+
     return run_from_args(a)
 
 
@@ -241,10 +313,20 @@ def cmd_bench(a) -> int:
 
     out = Path(a.out)
     if out.with_suffix(".json").exists() and not a.force:
-        raise FileExistsError(f"{out.with_suffix('.json')} already exists; pass --force to replace it, or another --out")
-    cfg = BenchConfig([p for p in a.precisions.split(",") if p], [int(b) for b in a.batches.split(",")], a.steps,
-                      a.device, a.dims, a.repeats, chattts_python=a.chattts_python, compile=a.compile,
-                      kernels=KERNELS[a.kernels])
+        raise FileExistsError(
+            f"{out.with_suffix('.json')} already exists; pass --force to replace it, or another --out"
+        )
+    cfg = BenchConfig(
+        [p for p in a.precisions.split(",") if p],
+        [int(b) for b in a.batches.split(",")],
+        a.steps,
+        a.device,
+        a.dims,
+        a.repeats,
+        chattts_python=a.chattts_python,
+        compile=a.compile,
+        kernels=KERNELS[a.kernels],
+    )
     out.parent.mkdir(parents=True, exist_ok=True)
     command = "ttsq bench " + " ".join(sys.argv[2:])
 
@@ -263,12 +345,14 @@ def cmd_serve(a) -> int:
         from .server.main import ServeOptions, serve
     except ImportError as e:
         raise ImportError(f"ttsq serve needs the serve extra ({e}): pip install 'ttsq[serve]'") from None
-    return serve(ServeOptions(a.model, a.precision, a.device, a.host, a.port, a.slots, a.max_queue,
-                              a.max_input_chars, a.compile))
+    return serve(
+        ServeOptions(a.model, a.precision, a.device, a.host, a.port, a.slots, a.max_queue, a.max_input_chars, a.compile)
+    )
 
 
 def cmd_gui(a) -> int:
     from gui.app import run
+
     return run(a.model, a.device)
 
 
@@ -278,12 +362,18 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
 
     def refine_prompt_args(s):
-        s.add_argument("--refine-prompt", default="", metavar="P",
-                       help="steers the refine, as ChatTTS's RefineTextParams.prompt, e.g. [oral_2][laugh_0][break_6]")
+        s.add_argument(
+            "--refine-prompt",
+            default="",
+            metavar="P",
+            help="steers the refine, as ChatTTS's RefineTextParams.prompt, e.g. [oral_2][laugh_0][break_6]",
+        )
 
     def model_args(s):
-        s.add_argument("--model", help="ttsq model folder, quantized artifact or official ChatTTS folder "
-                                       "(default: the shipped voice)")
+        s.add_argument(
+            "--model",
+            help="ttsq model folder, quantized artifact or official ChatTTS folder (default: the shipped voice)",
+        )
         s.add_argument("--device", default=None, help="cpu or cuda[:N] (default: cuda if available)")
 
     s = sub.add_parser("synth", help="text to a 24 kHz WAV")
@@ -292,26 +382,41 @@ def build_parser() -> argparse.ArgumentParser:
     model_args(s)
     s.add_argument("--precision", default=None, help="apply a recipe at load (fp32, fp16, bf16, int8, int4, ...)")
     s.add_argument("--seed", type=int, default=0, help="sampling seed")
-    s.add_argument("--speaker", default=None,
-                   help="a voice name of the model, an integer seed, chattts-seed:N (ChatTTS's random speaker N), a "
-                   "ChatTTS speaker string, or a .pt/.npy/.txt file holding a vector or a string")
-    s.add_argument("--speaker-text", default=None,
-                   help="the transcript of a sample-audio speaker (from `ttsq speaker from-audio` on a ChatTTS model)")
+    s.add_argument(
+        "--speaker",
+        default=None,
+        help="a voice name of the model, an integer seed, chattts-seed:N (ChatTTS's random speaker N), a "
+        "ChatTTS speaker string, or a .pt/.npy/.txt file holding a vector or a string",
+    )
+    s.add_argument(
+        "--speaker-text",
+        default=None,
+        help="the transcript of a sample-audio speaker (from `ttsq speaker from-audio` on a ChatTTS model)",
+    )
     s.add_argument("--temperature", type=float, default=0.3)
     s.add_argument("--top-p", type=float, default=0.7)
     s.add_argument("--top-k", type=int, default=20)
     s.add_argument("--max-steps", type=int, default=2048, help="GPT steps per sentence at most")
     s.add_argument("--batch-size", type=int, default=8, help="sentences per batch")
-    s.add_argument("--control-tokens", action="store_true",
-                   help="read [laugh], [uv_break], [speed_N], ... in the text as ChatTTS controls (default: as text)")
-    s.add_argument("--compile", action="store_true",
-                   help="torch.compile the decode step: faster per step on a GPU, after a compile of seconds "
-                   "for each batch size and 256-step cache bucket it meets (worth it for long or many texts)")
+    s.add_argument(
+        "--control-tokens",
+        action="store_true",
+        help="read [laugh], [uv_break], [speed_N], ... in the text as ChatTTS controls (default: as text)",
+    )
+    s.add_argument(
+        "--compile",
+        action="store_true",
+        help="torch.compile the decode step: faster per step on a GPU, after a compile of seconds "
+        "for each batch size and 256-step cache bucket it meets (worth it for long or many texts)",
+    )
     add_kernels_option(s)
     s.add_argument("--force", action="store_true", help="overwrite an existing output file")
-    s.add_argument("--refine", action="store_true",
-                   help="first rewrite the text with the GPT's text head, as ChatTTS's infer() does by default "
-                   "(adds [uv_break], [laugh], ...; needs a ChatTTS checkpoint)")
+    s.add_argument(
+        "--refine",
+        action="store_true",
+        help="first rewrite the text with the GPT's text head, as ChatTTS's infer() does by default "
+        "(adds [uv_break], [laugh], ...; needs a ChatTTS checkpoint)",
+    )
     refine_prompt_args(s)
     s.add_argument("--refine-max-steps", type=int, default=384, help="text tokens per refined sentence at most")
     s.set_defaults(func=cmd_synth)
@@ -319,8 +424,12 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("speaker", help="ChatTTS speaker strings: sample one, make one from audio, decode one")
     ssub = s.add_subparsers(dest="speaker_command", required=True)
     t = ssub.add_parser("sample", help="print a random speaker string, as ChatTTS's sample_random_speaker()")
-    t.add_argument("--seed", type=int, default=None, help="the torch.manual_seed ChatTTS would be given (default: "
-                   "a random one, printed on stderr)")
+    t.add_argument(
+        "--seed",
+        type=int,
+        default=None,
+        help="the torch.manual_seed ChatTTS would be given (default: a random one, printed on stderr)",
+    )
     t.add_argument("--model", help="draw from this model's speaker statistics (default: ChatTTS's, 768 values)")
     t.set_defaults(func=cmd_speaker_sample)
     t = ssub.add_parser("from-audio", help="a speaker from a recording and its transcript")
@@ -336,8 +445,9 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("speaker")
     t.set_defaults(func=cmd_speaker_decode)
 
-    s = sub.add_parser("refine", help="print the text as ChatTTS's refine_text rewrites it (needs a ChatTTS "
-                                      "checkpoint's text head)")
+    s = sub.add_parser(
+        "refine", help="print the text as ChatTTS's refine_text rewrites it (needs a ChatTTS checkpoint's text head)"
+    )
     s.add_argument("text", help="the text, or - to read standard input")
     model_args(s)
     s.add_argument("--precision", default=None, help="apply a recipe at load (fp32, fp16, bf16, int8, int4, ...)")
@@ -348,8 +458,11 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--top-k", type=int, default=20)
     s.add_argument("--max-steps", type=int, default=384, help="text tokens per sentence at most")
     s.add_argument("--batch-size", type=int, default=8, help="sentences per batch")
-    s.add_argument("--control-tokens", action="store_true",
-                   help="read [laugh], [uv_break], ... in the text as ChatTTS controls (default: as text)")
+    s.add_argument(
+        "--control-tokens",
+        action="store_true",
+        help="read [laugh], [uv_break], ... in the text as ChatTTS controls (default: as text)",
+    )
     s.set_defaults(func=cmd_refine)
 
     s = sub.add_parser("info", help="config, parameter counts, precision and size of a model")
@@ -362,41 +475,66 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--precision", required=True)
     s.add_argument("--calib", help="calibration set (JSONL); without it: plain round-to-nearest")
     s.add_argument("--out", required=True, help="artifact folder to write (atomically)")
-    s.add_argument("--limit", type=int, default=None,
-                   help="calibration texts to use (default: 8 on the CPU, 32 on a GPU; the time grows with it)")
+    s.add_argument(
+        "--limit",
+        type=int,
+        default=None,
+        help="calibration texts to use (default: 8 on the CPU, 32 on a GPU; the time grows with it)",
+    )
     s.add_argument("--max-steps", type=int, default=96, help="GPT steps generated per calibration text")
     s.add_argument("--keep-sensitive", type=int, default=0, help="keep the N most sensitive layers in float")
-    s.add_argument("--target-error", type=float, default=None, help="keep layers in float until the summed "
-                   "per-layer relative error is below this")
+    s.add_argument(
+        "--target-error",
+        type=float,
+        default=None,
+        help="keep layers in float until the summed per-layer relative error is below this",
+    )
     s.add_argument("--no-awq", action="store_true", help="skip activation-aware scaling")
-    s.add_argument("--float-dtype", choices=("fp32", "bf16", "fp16"), default=None,
-                   help="what the non-quantized parts and activations run in (default: the recipe's: fp32, or bf16 "
-                        "for int4/fp8 on CUDA)")
+    s.add_argument(
+        "--float-dtype",
+        choices=("fp32", "bf16", "fp16"),
+        default=None,
+        help="what the non-quantized parts and activations run in (default: the recipe's: fp32, or bf16 "
+        "for int4/fp8 on CUDA)",
+    )
     s.add_argument("--force", action="store_true", help="replace an existing --out folder")
     s.set_defaults(func=cmd_quantize, device="cpu")
 
     s = sub.add_parser("export", help="export to ONNX (fp32, fp16, int8, int4) for the torch-free runtime")
     s.add_argument("--model", help="ttsq model folder or official ChatTTS folder (default: the shipped voice)")
-    s.add_argument("--precision", required=True,
-                   help="fp32, fp16, int8, int4 (int4-hqq, int4-b128, int4-hqq-b128: algorithm and block size)")
+    s.add_argument(
+        "--precision",
+        required=True,
+        help="fp32, fp16, int8, int4 (int4-hqq, int4-b128, int4-hqq-b128: algorithm and block size)",
+    )
     s.add_argument("--out", required=True, help="folder to write (atomically)")
     s.add_argument("--calib", help="calibration set (JSONL): int8 Decoder/Vocos become static QDQ")
     s.add_argument("--force", action="store_true", help="replace an existing --out folder")
     s.set_defaults(func=cmd_export)
 
     s = sub.add_parser("bench", help="ttsq and the chattts package side by side: steps/s, RTF, first audio, memory")
-    s.add_argument("--precisions", default="fp32,bf16,fp16,int8,int8@bf16,int4",
-                   help="recipes; NAME@DTYPE runs a quantized recipe's float parts in DTYPE (int8@bf16)")
+    s.add_argument(
+        "--precisions",
+        default="fp32,bf16,fp16,int8,int8@bf16,int4",
+        help="recipes; NAME@DTYPE runs a quantized recipe's float parts in DTYPE (int8@bf16)",
+    )
     s.add_argument("--batches", default="1,8,64")
     s.add_argument("--steps", type=int, default=470, help="GPT steps per sequence (470 = 10 s of audio)")
     s.add_argument("--device", default=None, help="cpu or cuda[:N] (default: cuda if available)")
     s.add_argument("--dims", choices=("chattts", "tiny"), default="chattts", help="random weights at these dimensions")
     s.add_argument("--repeats", type=int, default=3, help="timed runs per figure (medians)")
-    s.add_argument("--chattts-python", help="a Python that can `import ChatTTS` (e.g. a venv made by "
-                   "tests/fixtures/make_refenv.sh); without it the chattts side is skipped")
-    s.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
-                   help="torch.compile ttsq's decode step under its CUDA graphs (the fast GPU path; compile time is "
-                   "excluded from the timings); default: on CUDA only")
+    s.add_argument(
+        "--chattts-python",
+        help="a Python that can `import ChatTTS` (e.g. a venv made by "
+        "tests/fixtures/make_refenv.sh); without it the chattts side is skipped",
+    )
+    s.add_argument(
+        "--compile",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="torch.compile ttsq's decode step under its CUDA graphs (the fast GPU path; compile time is "
+        "excluded from the timings); default: on CUDA only",
+    )
     add_kernels_option(s)
     s.add_argument("--out", default="benchmarks/results/bench", help="writes OUT.json and OUT.md")
     s.add_argument("--force", action="store_true", help="replace existing results")
@@ -408,8 +546,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0: every interface)")
     s.add_argument("--port", type=int, default=8000)
     s.add_argument("--slots", type=int, default=8, help="requests decoded together at most (continuous batching)")
-    s.add_argument("--max-queue", type=int, default=32,
-                   help="requests waiting for a slot at most; beyond, 429 with Retry-After")
+    s.add_argument(
+        "--max-queue", type=int, default=32, help="requests waiting for a slot at most; beyond, 429 with Retry-After"
+    )
     s.add_argument("--max-input-chars", type=int, default=4096, help="longer inputs get 413")
     s.add_argument("--compile", action="store_true", help="torch.compile the GPT blocks (a GPU's faster steps)")
     s.set_defaults(func=cmd_serve)
@@ -422,6 +561,7 @@ def build_parser() -> argparse.ArgumentParser:
     try:
         from evaluation.cli import add_evaluate_parser
         from evaluation.score import add_score_parser
+
         add_evaluate_parser(sub, model_args)
         add_score_parser(sub)
     except ImportError:

@@ -1,4 +1,5 @@
 """One GPT decode step on static device buffers: the state both the engine and the Triton kernels step."""
+
 from __future__ import annotations
 
 from typing import Callable
@@ -35,10 +36,16 @@ class DecodeState:
         self.arrived = torch.zeros(B, dtype=torch.int32, **z)  # kernels.py's sampling launch counts here, back to 0
 
 
-def decode_step(gpt: GPT, s: DecodeState, p: SamplingParams, chunk: int,
-                run_block: BlockRunner = call_block, sample: Callable = sample_codes,
-                forward: Callable[[GPT, Tensor, Tensor, Tensor], Tensor] | None = None,
-                text_eos: int | None = None) -> None:
+def decode_step(
+    gpt: GPT,
+    s: DecodeState,
+    p: SamplingParams,
+    chunk: int,
+    run_block: BlockRunner = call_block,
+    sample: Callable = sample_codes,
+    forward: Callable[[GPT, Tensor, Tensor, Tensor], Tensor] | None = None,
+    text_eos: int | None = None,
+) -> None:
     """One decode step on static buffers: sample from s.h, record, feed the ids back.
     forward(gpt, x, cache slot, rope positions) replaces gpt's own forward (kernels.decode_forward).
     text_eos: sample one text token through the text head (refine) and stop at this id; None: Q audio codes."""
@@ -48,8 +55,9 @@ def decode_step(gpt: GPT, s: DecodeState, p: SamplingParams, chunk: int,
     eos = gpt.cfg.eos_code if text_eos is None else text_eos
     i = s.step
     j = (i % chunk).view(1)
-    ids = sample(logits.view(B * Q, V), s.history, s.temperature,
-                 s.noise.index_select(0, j)[0], i, s.min_new, p, eos)  # (B * Q,)
+    ids = sample(
+        logits.view(B * Q, V), s.history, s.temperature, s.noise.index_select(0, j)[0], i, s.min_new, p, eos
+    )  # (B * Q,)
     s.history.index_copy_(1, (i % p.penalty_window).view(1), ids[:, None])
     ids = ids.view(B, Q)
     s.hidden.index_copy_(1, j, s.h[:, None])

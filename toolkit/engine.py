@@ -22,6 +22,7 @@ of every layer from the host. In fp32 the codes are the same with and without; i
 differently, so a padded prompt's samples differ (deterministically) from an unpadded one's.
 
 What each of these choices gains, measured: benchmarks/README.md ("Why the engine is built this way")."""
+
 from __future__ import annotations
 
 import functools
@@ -77,6 +78,7 @@ class Chunk:
     """Steps [start, start + n) of a generation; hidden (B, n, D), codes (B, n, Q) on the device.
     lengths and finished are on the host. On CUDA, `ready` is an event recorded after the chunk's steps: work on
     another stream that reads hidden or codes must wait for it (the engine may already run the next chunk)."""
+
     start: int
     hidden: Tensor
     codes: Tensor
@@ -94,9 +96,18 @@ class Generation:
 
 
 class Engine:
-    def __init__(self, gpt: GPT, chunk: int = 16, cuda_graphs: bool = True, compile: bool | str = False,
-                 compile_options: dict | None = None, prefill_graphs: bool | None = None,
-                 kernels: bool | None = None, lead_steps: int | None = None, kernel_pdl: bool = True):
+    def __init__(
+        self,
+        gpt: GPT,
+        chunk: int = 16,
+        cuda_graphs: bool = True,
+        compile: bool | str = False,
+        compile_options: dict | None = None,
+        prefill_graphs: bool | None = None,
+        kernels: bool | None = None,
+        lead_steps: int | None = None,
+        kernel_pdl: bool = True,
+    ):
         """compile: False (eager), True or "step" (the whole decode step, fused across layers and with the sampler,
         static shapes: one compile per batch size and cache bucket), "block" (regional: one compiled block with
         dynamic shapes serves every layer, batch and bucket; compiles once, fuses less). Prefill runs through the
@@ -128,10 +139,13 @@ class Engine:
         self._decode_step: Callable[[GPT, DecodeState, SamplingParams, int], None] = decode_step
         if compile:
             import torch._dynamo
+
             # the step compiles once per batch size x cache bucket x dtype x sampling settings: past the limit
             # (default 8) dynamo would fall back to eager silently
             torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 256)
-            torch._dynamo.config.accumulated_cache_size_limit = max(torch._dynamo.config.accumulated_cache_size_limit, 1024)
+            torch._dynamo.config.accumulated_cache_size_limit = max(
+                torch._dynamo.config.accumulated_cache_size_limit, 1024
+            )
             # dynamic: batch and cache length change without a recompile (only batch 1 is specialised)
             self._run_block = torch.compile(call_block, fullgraph=True, dynamic=True)
             self._sample = torch.compile(sample_codes, fullgraph=True)
@@ -143,8 +157,9 @@ class Engine:
                 self._decode_step = functools.partial(decode_step, run_block=self._run_block, sample=self._sample)
             else:
                 # static shapes: dynamic ones are slower at large batches
-                self._decode_step = torch.compile(decode_step, **{"fullgraph": True, "dynamic": False,
-                                                                  **(compile_options or {})})
+                self._decode_step = torch.compile(
+                    decode_step, **{"fullgraph": True, "dynamic": False, **(compile_options or {})}
+                )
         self._graphs: OrderedDict[tuple, tuple[torch.cuda.CUDAGraph, object]] = OrderedDict()  # decode and prefill
         self._states: OrderedDict[tuple, DecodeState] = OrderedDict()
         self.captures = 0  # CUDA graphs captured so far, recaptures included (soak.py logs it beside host memory)
@@ -204,8 +219,10 @@ class Engine:
         if batch > KERNELS_MAX_BATCH or self.kernels is False or (self.kernels is None and device.type != "cuda"):
             return False
         if device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
-            raise RuntimeError(f"Engine(kernels=True) on {device} runs Triton's interpreter: set TRITON_INTERPRET=1 "
-                               "before toolkit.kernels is first imported, or use kernels=None (CUDA only)")
+            raise RuntimeError(
+                f"Engine(kernels=True) on {device} runs Triton's interpreter: set TRITON_INTERPRET=1 "
+                "before toolkit.kernels is first imported, or use kernels=None (CUDA only)"
+            )
         if self._kernel_step is not None:
             return True
         try:
@@ -217,8 +234,10 @@ class Engine:
             return False
         if not kernels.supports(self.gpt):
             if self.kernels:
-                raise ValueError("Engine(kernels=True): the Triton step reads float, int8 or int4 weight-only weights "
-                                 "(not this recipe's) and needs a power-of-two head size of at least 16; use kernels=None")
+                raise ValueError(
+                    "Engine(kernels=True): the Triton step reads float, int8 or int4 weight-only weights "
+                    "(not this recipe's) and needs a power-of-two head size of at least 16; use kernels=None"
+                )
             self.kernels = False
             return False
         if self.kernels is None and not self._kernels_launch(kernels, device):
@@ -247,20 +266,27 @@ class Engine:
         if retry:
             try:
                 kernels.self_check(device, pdl=False)
-                warnings.warn(f"the Triton decode kernels fail as programmatic dependent launches on {device} "
-                              f"({type(failure).__name__}: {str(failure).strip()[:160]}); running them without",
-                              RuntimeWarning, stacklevel=4)
+                warnings.warn(
+                    f"the Triton decode kernels fail as programmatic dependent launches on {device} "
+                    f"({type(failure).__name__}: {str(failure).strip()[:160]}); running them without",
+                    RuntimeWarning,
+                    stacklevel=4,
+                )
                 self.kernel_pdl = False
                 return True
             except Exception:  # noqa: BLE001 - the first failure is the one to report
                 pass
-        warnings.warn(f"the Triton decode kernels do not run on {device} ({type(failure).__name__}: "
-                      f"{str(failure).strip()[:160]}); decoding without them, more slowly at batch 1",
-                      RuntimeWarning, stacklevel=4)
+        warnings.warn(
+            f"the Triton decode kernels do not run on {device} ({type(failure).__name__}: "
+            f"{str(failure).strip()[:160]}); decoding without them, more slowly at batch 1",
+            RuntimeWarning,
+            stacklevel=4,
+        )
         return False
 
-    def _runner(self, B: int, p: SamplingParams, dtype, device, text_eos: int | None,
-                carry: DecodeState | None = None) -> tuple[Callable[[], None], DecodeState]:
+    def _runner(
+        self, B: int, p: SamplingParams, dtype, device, text_eos: int | None, carry: DecodeState | None = None
+    ) -> tuple[Callable[[], None], DecodeState]:
         """The step function for this batch, cache length, sampling settings and vocabulary (codes, or text up to
         text_eos); `carry` hands over the state of a generation in flight (when the cache grew)."""
         step_fn, state = self._make_runner(B, p, dtype, device, text_eos)
@@ -269,11 +295,21 @@ class Engine:
                 getattr(state, name).copy_(value)
         return step_fn, state
 
-    def _make_runner(self, B: int, p: SamplingParams, dtype, device,
-                     text_eos: int | None) -> tuple[Callable[[], None], DecodeState]:
+    def _make_runner(
+        self, B: int, p: SamplingParams, dtype, device, text_eos: int | None
+    ) -> tuple[Callable[[], None], DecodeState]:
         cfg = self.gpt.cfg
-        key = (B, self.gpt.cache_shape, dtype, p.top_p, p.top_k, p.repetition_penalty, p.penalty_window, p.min_keep,
-               text_eos)
+        key = (
+            B,
+            self.gpt.cache_shape,
+            dtype,
+            p.top_p,
+            p.top_k,
+            p.repetition_penalty,
+            p.penalty_window,
+            p.min_keep,
+            text_eos,
+        )
         use_graph = self.cuda_graphs and device.type == "cuda"
         Q, V = vocabulary(cfg, text_eos)
 
@@ -284,8 +320,12 @@ class Engine:
         try:
             kept = self._kept(self._graphs if use_graph else self._states, key, make)
         except CaptureError as e:  # some kernels cannot be captured (torchao's w8a8 on CUDA is one)
-            warnings.warn(f"this model's decode step cannot be captured in a CUDA graph ({e}); "
-                          "decoding without graphs from now on, more slowly", RuntimeWarning, stacklevel=4)
+            warnings.warn(
+                f"this model's decode step cannot be captured in a CUDA graph ({e}); "
+                "decoding without graphs from now on, more slowly",
+                RuntimeWarning,
+                stacklevel=4,
+            )
             self.cuda_graphs = False
             self._graphs.clear()  # never replayed again
             return self._make_runner(B, p, dtype, device, text_eos)
@@ -314,8 +354,11 @@ class Engine:
         try:
             graph, (emb_in, rope_in, out, _) = self._kept(self._graphs, ("prefill", B, T, gpt.cache_shape, dtype), make)
         except CaptureError as e:  # as for the decode step: keep serving, without this graph
-            warnings.warn(f"this model's prefill cannot be captured in a CUDA graph ({e}); "
-                          "prefilling without graphs from now on", RuntimeWarning, stacklevel=4)
+            warnings.warn(
+                f"this model's prefill cannot be captured in a CUDA graph ({e}); prefilling without graphs from now on",
+                RuntimeWarning,
+                stacklevel=4,
+            )
             self.prefill_graphs = False
             return self._prefill_runner(B, T, dtype, device)
 
@@ -370,9 +413,18 @@ class Engine:
         return graph
 
     @torch.inference_mode()
-    def stream(self, emb: Tensor, valid: Tensor, params: SamplingParams, seed: int = 0,
-               should_stop: Callable[[], bool] | None = None, first_yield: int | None = None,
-               lookahead: bool = False, reserve: int = 0, text_eos: int | None = None) -> Iterator[Chunk]:
+    def stream(
+        self,
+        emb: Tensor,
+        valid: Tensor,
+        params: SamplingParams,
+        seed: int = 0,
+        should_stop: Callable[[], bool] | None = None,
+        first_yield: int | None = None,
+        lookahead: bool = False,
+        reserve: int = 0,
+        text_eos: int | None = None,
+    ) -> Iterator[Chunk]:
         """emb (B, T, D) prompt embeddings, valid (B, T) non-padding -> chunks of `chunk` steps.
         first_yield: also hand over the steps so far once `first_yield` steps exist (a streaming renderer's first
         audio needs that many, not a multiple of `chunk`); sampling is unchanged, since noise is drawn per chunk.
@@ -395,15 +447,25 @@ class Engine:
                 if bool(out.finished.all()) or (should_stop is not None and should_stop()):
                     return
 
-    def _launch(self, emb: Tensor, valid: Tensor, params: SamplingParams, seed: int,
-                first_yield: int | None, reserve: int, text_eos: int | None) -> Iterator[Chunk]:
+    def _launch(
+        self,
+        emb: Tensor,
+        valid: Tensor,
+        params: SamplingParams,
+        seed: int,
+        first_yield: int | None,
+        reserve: int,
+        text_eos: int | None,
+    ) -> Iterator[Chunk]:
         """Prefill, then the steps of each chunk, queued (on CUDA) without waiting for them."""
         gpt, cfg = self.gpt, self.gpt.cfg
         B, T, D = emb.shape
         steps = min(params.max_new_tokens, cfg.max_positions - T)
         if steps < 1:
-            raise ValueError(f"prompt of {T} tokens leaves no room to generate (max_positions {cfg.max_positions}); "
-                             "split the text into shorter sentences")
+            raise ValueError(
+                f"prompt of {T} tokens leaves no room to generate (max_positions {cfg.max_positions}); "
+                "split the text into shorter sentences"
+            )
         dev, dtype = emb.device, gpt.norm.weight.dtype
         if self._pads_prompts(dev):
             pad = min(-T % PREFILL_BUCKET, cfg.max_positions - T - 1)  # a step's room is never padded away
@@ -448,8 +510,12 @@ class Engine:
                     step_fn()
                 if pending is not None:
                     yield pending
-                pending = Chunk(start + done, s.hidden[:, done:cut].clone(), s.codes[:, done:cut].clone(),
-                                *self._to_host(s.lengths, s.finished))
+                pending = Chunk(
+                    start + done,
+                    s.hidden[:, done:cut].clone(),
+                    s.codes[:, done:cut].clone(),
+                    *self._to_host(s.lengths, s.finished),
+                )
                 done = cut
             start += n
         if pending is not None:
@@ -465,10 +531,21 @@ class Engine:
         ready.record(torch.cuda.current_stream(tensors[0].device))
         return (*host, ready)
 
-    def generate(self, emb: Tensor, valid: Tensor, params: SamplingParams, seed: int = 0,
-                 should_stop: Callable[[], bool] | None = None, reserve: int = 0,
-                 text_eos: int | None = None) -> Generation:
+    def generate(
+        self,
+        emb: Tensor,
+        valid: Tensor,
+        params: SamplingParams,
+        seed: int = 0,
+        should_stop: Callable[[], bool] | None = None,
+        reserve: int = 0,
+        text_eos: int | None = None,
+    ) -> Generation:
         chunks = list(self.stream(emb, valid, params, seed, should_stop, reserve=reserve, text_eos=text_eos))
         last, dev = chunks[-1], emb.device
-        return Generation(torch.cat([c.hidden for c in chunks], 1), torch.cat([c.codes for c in chunks], 1),
-                          last.lengths.to(dev), last.finished.to(dev))
+        return Generation(
+            torch.cat([c.hidden for c in chunks], 1),
+            torch.cat([c.codes for c in chunks], 1),
+            last.lengths.to(dev),
+            last.finished.to(dev),
+        )

@@ -1,4 +1,5 @@
 """Atomic writes: nothing half-written is ever left where the user looks, and nothing is overwritten unasked."""
+
 from __future__ import annotations
 
 import contextlib
@@ -13,8 +14,10 @@ class OutputExistsError(FileExistsError):
 
 
 def _raced(out: Path) -> OutputExistsError:
-    return OutputExistsError(f"{out} appeared while this one was being written (another writer?); "
-                             "nothing was replaced. Pass --force to replace it")
+    return OutputExistsError(
+        f"{out} appeared while this one was being written (another writer?); "
+        "nothing was replaced. Pass --force to replace it"
+    )
 
 
 #: what marks a folder as ttsq's own output, which --force may replace (models, quantized artifacts, ONNX exports)
@@ -24,9 +27,11 @@ MANIFESTS = ("manifest.json", "onnx_manifest.json")
 def check_replaceable(out: Path) -> None:
     """--force replaces a ttsq folder only: never a user's folder, a file, or a link."""
     if out.is_symlink() or not out.is_dir() or not any((out / m).is_file() for m in MANIFESTS):
-        raise OutputExistsError(f"{out} exists and is not a ttsq model, artifact or export folder (no "
-                                f"{' or '.join(MANIFESTS)}): --force replaces only those. Choose another --out, or "
-                                "move it away yourself")
+        raise OutputExistsError(
+            f"{out} exists and is not a ttsq model, artifact or export folder (no "
+            f"{' or '.join(MANIFESTS)}): --force replaces only those. Choose another --out, or "
+            "move it away yourself"
+        )
 
 
 @contextlib.contextmanager
@@ -70,8 +75,10 @@ def _commit_lock(out: Path):
     try:
         os.mkdir(lock)
     except FileExistsError:
-        raise OutputExistsError(f"another writer is saving {out} right now; nothing was replaced. "
-                                f"If no ttsq process is running, remove the stale {lock}") from None
+        raise OutputExistsError(
+            f"another writer is saving {out} right now; nothing was replaced. "
+            f"If no ttsq process is running, remove the stale {lock}"
+        ) from None
     try:
         yield
     finally:

@@ -8,6 +8,7 @@ model can place pauses. It calls libespeak-ng in-process (ctypes): no process pe
 
 A model records its front end in its manifest (`"frontend": "espeak"`); `frontend_for(name)` builds it.
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -16,14 +17,18 @@ import re
 import threading
 import unicodedata
 
-INSTALL_HINT = ("espeak-ng is not installed; this model reads phonemes from espeak-ng. "
-                "Install it with `apt-get install espeak-ng` (Debian/Ubuntu) or `brew install espeak-ng` (macOS)")
+INSTALL_HINT = (
+    "espeak-ng is not installed; this model reads phonemes from espeak-ng. "
+    "Install it with `apt-get install espeak-ng` (Debian/Ubuntu) or `brew install espeak-ng` (macOS)"
+)
 
 VOICES = {"en": "en-us", "zh": "cmn-latn-pinyin"}
 
 # control tokens a user may write, and the structural ones ttsq places itself
-CONTROL = re.compile(r"\[(?:laugh|uv_break|v_break|lbreak|pure|Stts|Ptts|spk_emb|empty_spk|Sbreak|Pbreak|"
-                     r"(?:break|oral|laugh|speed|music)_\d)\]")
+CONTROL = re.compile(
+    r"\[(?:laugh|uv_break|v_break|lbreak|pure|Stts|Ptts|spk_emb|empty_spk|Sbreak|Pbreak|"
+    r"(?:break|oral|laugh|speed|music)_\d)\]"
+)
 # punctuation that ends a clause: kept as a symbol. ASCII marks only when followed by space/end
 # (so 3:45, 2.5 and e.g. stay inside the words espeak reads)
 PUNCT_MAP = {"，": ",", "、": ",", "。": ".", "！": "!", "？": "?", "；": ";", "：": ":", "…": "."}
@@ -50,8 +55,13 @@ class _Espeak:
     @classmethod
     def lib(cls):
         if cls._lib is None:
-            names = [ctypes.util.find_library("espeak-ng"), "libespeak-ng.so.1", "libespeak-ng.so",
-                     "libespeak-ng.dylib", "libespeak-ng.1.dylib"]
+            names = [
+                ctypes.util.find_library("espeak-ng"),
+                "libespeak-ng.so.1",
+                "libespeak-ng.so",
+                "libespeak-ng.dylib",
+                "libespeak-ng.1.dylib",
+            ]
             lib = None
             for name in filter(None, names):
                 try:
@@ -120,7 +130,7 @@ def split_runs(text: str) -> list[tuple[str, str]]:
                 # digits right before a Han character belong to the Mandarin run ("2024年")
                 m = re.search(r"[\d.,:%]+\s*$", runs[-1][1])
                 if m:
-                    runs[-1][1] = runs[-1][1][:m.start()]
+                    runs[-1][1] = runs[-1][1][: m.start()]
                     runs.append([lang, m.group(0) + ch])
                     continue
             runs.append([lang, pending + ch])
@@ -166,7 +176,7 @@ class EspeakFrontend:
         out: list[str] = []
         pos = 0
         for m in CONTROL.finditer(text):
-            out.append(self._plain(text[pos:m.start()]))
+            out.append(self._plain(text[pos : m.start()]))
             out.append(m.group(0))
             pos = m.end()
         out.append(self._plain(text[pos:]))
@@ -176,7 +186,7 @@ class EspeakFrontend:
         out: list[str] = []
         pos = 0
         for m in CLAUSE.finditer(text):
-            out.append(self._clause(text[pos:m.start()]))
+            out.append(self._clause(text[pos : m.start()]))
             out.append(PUNCT_MAP.get(m.group(0), m.group(0)))
             pos = m.end()
         out.append(self._clause(text[pos:]))

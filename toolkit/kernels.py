@@ -17,6 +17,7 @@ torchao's int8 (per row) or int4 (per group) weight-only ones. Accumulation is f
 rounded to the model's dtype, as in the PyTorch path. With TRITON_INTERPRET=1 set before
 this module is imported, the same kernels run on the CPU (tests/test_kernels.py).
 """
+
 from __future__ import annotations
 
 import functools
@@ -34,7 +35,8 @@ try:  # programmatic dependent launch: Triton 3.3 on
 except ImportError:
     gdc_launch_dependents = gdc_wait = None
 
-from .decode import DecodeState, decode_step as pytorch_decode_step
+from .decode import DecodeState
+from .decode import decode_step as pytorch_decode_step
 from .models.config import GPTConfig
 from .models.gpt import GPT, Block, RMSNorm
 from .sampling import SamplingParams, sample_codes
@@ -44,6 +46,7 @@ from .weights import is_int4_weight_only, is_int8_weight_only
 class Weight(NamedTuple):
     """A linear weight (N, K) as _gemv reads it: data, scale, zero (QUANT 0: the float weight, no scale; 8: int8
     (N, K), one scale and zero point per row; 4: int4 bytes (N, K / 2), a scale and zero point per GROUP columns)."""
+
     data: Tensor
     scale: Tensor | None
     zero: Tensor | None
@@ -58,7 +61,7 @@ def _int4_plain(w: Tensor) -> Weight:
     q follow from tinygemm's (q - 8) * scale + zero."""
     N, K = w.shape
     group = w.block_size[-1]
-    pairs = w.scale_and_zero[:K // group, :N].float()  # (groups, N, 2), padded past the weight's shape
+    pairs = w.scale_and_zero[: K // group, :N].float()  # (groups, N, 2), padded past the weight's shape
     scale, zero = pairs[..., 0].T.contiguous(), pairs[..., 1].T.contiguous()  # (N, groups)
     dense = F.linear(torch.eye(K, dtype=w.scale_and_zero.dtype, device=w.device), w).T.float()  # (N, K)
     q = torch.round((dense - zero.repeat_interleave(group, 1)) / scale.repeat_interleave(group, 1)) + 8
@@ -81,8 +84,10 @@ def _weight(w: Tensor) -> Weight:
         if getattr(w, "_plain_int4", None) is None:
             w._plain_int4 = _int4_plain(w)
         return w._plain_int4
-    raise ValueError(f"the Triton decode step reads float weights, int8 weight-only ones (per row) or int4 "
-                     f"weight-only ones, not {type(w).__name__} {w.dtype}")
+    raise ValueError(
+        f"the Triton decode step reads float weights, int8 weight-only ones (per row) or int4 "
+        f"weight-only ones, not {type(w).__name__} {w.dtype}"
+    )
 
 
 def supports(gpt: GPT) -> bool:
@@ -91,8 +96,12 @@ def supports(gpt: GPT) -> bool:
     d = gpt.cfg.head_dim
     try:
         for layer in gpt.layers:
-            for w in (layer.attention.wqkv.weight, layer.attention.wo.weight, layer.feed_forward.w13.weight,
-                      layer.feed_forward.w2.weight):
+            for w in (
+                layer.attention.wqkv.weight,
+                layer.attention.wo.weight,
+                layer.feed_forward.w13.weight,
+                layer.feed_forward.w2.weight,
+            ):
                 _weight(w)
     except ValueError:
         return False
@@ -164,8 +173,20 @@ def _g_tile(g_ptr, k0, K, NORM: tl.constexpr, BLOCK_K: tl.constexpr):
 
 
 @triton.jit
-def _x_tile(x_row, g, stat_row, k0, K, rstd, NORM: tl.constexpr, COMBINE: tl.constexpr, SPLITS: tl.constexpr,
-            HEAD_DIM: tl.constexpr, dt: tl.constexpr, BLOCK_K: tl.constexpr):
+def _x_tile(
+    x_row,
+    g,
+    stat_row,
+    k0,
+    K,
+    rstd,
+    NORM: tl.constexpr,
+    COMBINE: tl.constexpr,
+    SPLITS: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    dt: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
     """x[k0 : k0 + BLOCK_K] as fp32, 0 past K. NORM: rounded as RMSNorm's output, g * (x * rstd), g the weight's
     tile (_g_tile). COMBINE:
     x_row is attention's per-split outputs (heads, SPLITS, HEAD_DIM) and stat_row their (max score, softmax sum)
@@ -193,10 +214,29 @@ def _x_tile(x_row, g, stat_row, k0, K, rstd, NORM: tl.constexpr, COMBINE: tl.con
 
 
 @triton.jit
-def _gemv(x_row, g_ptr, stat_row, w_ptr, s_ptr, z_ptr, rows, rows2, K, eps, NORM: tl.constexpr,
-          COMBINE: tl.constexpr, SPLITS: tl.constexpr, HEAD_DIM: tl.constexpr, QUANT: tl.constexpr,
-          GROUP: tl.constexpr, TWO: tl.constexpr, PDL: tl.constexpr, dt: tl.constexpr, BLOCK_N: tl.constexpr,
-          BLOCK_K: tl.constexpr):
+def _gemv(
+    x_row,
+    g_ptr,
+    stat_row,
+    w_ptr,
+    s_ptr,
+    z_ptr,
+    rows,
+    rows2,
+    K,
+    eps,
+    NORM: tl.constexpr,
+    COMBINE: tl.constexpr,
+    SPLITS: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    QUANT: tl.constexpr,
+    GROUP: tl.constexpr,
+    TWO: tl.constexpr,
+    PDL: tl.constexpr,
+    dt: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
     """(W[rows] . x, W[rows2] . x) as fp32 (BLOCK_N,) each, the second only when TWO (gate and up, or a rotary
     pair's halves: x is loaded and normalised once for both); x as _x_tile gives it (NORM, COMBINE), rounded to dt.
     QUANT: 0 float weights; 8 int8, (W - zero point) * scale per row; 4 int4 in groups of GROUP (_dequantize).
@@ -224,8 +264,20 @@ def _gemv(x_row, g_ptr, stat_row, w_ptr, s_ptr, z_ptr, rows, rows2, K, eps, NORM
     if TWO:
         w2, s2, z2 = _w_tile(w_ptr, s_ptr, z_ptr, rows2, BLOCK_K, K, QUANT, GROUP, BLOCK_K)
     for k0 in range(BLOCK_K, K, BLOCK_K):  # tiles after the first: each loaded one step ahead of its use
-        x = _x_tile(x_row, _g_tile(g_ptr, k0, K, NORM, BLOCK_K), stat_row, k0, K, rstd, NORM, COMBINE, SPLITS,
-                    HEAD_DIM, dt, BLOCK_K)
+        x = _x_tile(
+            x_row,
+            _g_tile(g_ptr, k0, K, NORM, BLOCK_K),
+            stat_row,
+            k0,
+            K,
+            rstd,
+            NORM,
+            COMBINE,
+            SPLITS,
+            HEAD_DIM,
+            dt,
+            BLOCK_K,
+        )
         acc += _dequantize(w, s, z, QUANT, GROUP, BLOCK_K) * x[None, :]
         if TWO:
             acc2 += _dequantize(w2, s2, z2, QUANT, GROUP, BLOCK_K) * x[None, :]
@@ -238,10 +290,30 @@ def _gemv(x_row, g_ptr, stat_row, w_ptr, s_ptr, z_ptr, rows, rows2, K, eps, NORM
 
 
 @triton.jit
-def _linear_kernel(x_ptr, g_ptr, stat_ptr, w_ptr, s_ptr, z_ptr, res_ptr, out_ptr, N, K, eps,
-                   NORM: tl.constexpr, COMBINE: tl.constexpr, SPLITS: tl.constexpr, HEAD_DIM: tl.constexpr,
-                   GATE: tl.constexpr, RES: tl.constexpr, QUANT: tl.constexpr, GROUP: tl.constexpr,
-                   PDL: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+def _linear_kernel(
+    x_ptr,
+    g_ptr,
+    stat_ptr,
+    w_ptr,
+    s_ptr,
+    z_ptr,
+    res_ptr,
+    out_ptr,
+    N,
+    K,
+    eps,
+    NORM: tl.constexpr,
+    COMBINE: tl.constexpr,
+    SPLITS: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    GATE: tl.constexpr,
+    RES: tl.constexpr,
+    QUANT: tl.constexpr,
+    GROUP: tl.constexpr,
+    PDL: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
     """out[m, n] = W[n] . x[m] (+ res[m, n]); with GATE, silu(W[n] . x[m]) * (W[N + n] . x[m]). x[m] as _gemv
     reads it: normed (NORM), or attention's splits combined (COMBINE, the o-proj)."""
     pid = tl.program_id(0)
@@ -252,9 +324,29 @@ def _linear_kernel(x_ptr, g_ptr, stat_ptr, w_ptr, s_ptr, z_ptr, res_ptr, out_ptr
     dt: tl.constexpr = out_ptr.dtype.element_ty
     if RES:  # before _gemv's wait: the residual comes from an earlier launch than the one waited for (see linear)
         res = tl.load(res_ptr + m * N + rows, mask=keep, other=0.0).to(tl.float32)
-    y, up = _gemv(x_ptr + m * K * SPLITS, g_ptr, stat_ptr + m * (K // HEAD_DIM) * SPLITS * 2, w_ptr, s_ptr, z_ptr,
-                  rows, rows + N, K, eps, NORM, COMBINE, SPLITS, HEAD_DIM, QUANT, GROUP, GATE, PDL, dt, BLOCK_N,
-                  BLOCK_K)
+    y, up = _gemv(
+        x_ptr + m * K * SPLITS,
+        g_ptr,
+        stat_ptr + m * (K // HEAD_DIM) * SPLITS * 2,
+        w_ptr,
+        s_ptr,
+        z_ptr,
+        rows,
+        rows + N,
+        K,
+        eps,
+        NORM,
+        COMBINE,
+        SPLITS,
+        HEAD_DIM,
+        QUANT,
+        GROUP,
+        GATE,
+        PDL,
+        dt,
+        BLOCK_N,
+        BLOCK_K,
+    )
     y = _round(y, dt)
     if GATE:
         y = _round(y / (1.0 + tl.exp(-y)), dt) * _round(up, dt)
@@ -264,9 +356,29 @@ def _linear_kernel(x_ptr, g_ptr, stat_ptr, w_ptr, s_ptr, z_ptr, res_ptr, out_ptr
 
 
 @triton.jit
-def _qkv_rope_kernel(x_ptr, g_ptr, w_ptr, s_ptr, z_ptr, inv_freq_ptr, rope_ptr, slot_ptr, q_ptr, k_ptr, v_ptr,
-                     K, H, S, eps, HEAD_DIM: tl.constexpr, PAIRS: tl.constexpr, QUANT: tl.constexpr,
-                     GROUP: tl.constexpr, PDL: tl.constexpr, BLOCK_K: tl.constexpr):
+def _qkv_rope_kernel(
+    x_ptr,
+    g_ptr,
+    w_ptr,
+    s_ptr,
+    z_ptr,
+    inv_freq_ptr,
+    rope_ptr,
+    slot_ptr,
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    K,
+    H,
+    S,
+    eps,
+    HEAD_DIM: tl.constexpr,
+    PAIRS: tl.constexpr,
+    QUANT: tl.constexpr,
+    GROUP: tl.constexpr,
+    PDL: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
     """PAIRS rotary pairs (rows i and i + HEAD_DIM/2 of a head) of q, k or v for batch row m: normed x times W_qkv,
     RoPE on q and k; q goes to q_ptr (M, H, HEAD_DIM), k and v into the cache (B, H, S, HEAD_DIM) at the slot.
     Programs walk the q heads, then the k heads, then the v heads."""
@@ -277,8 +389,29 @@ def _qkv_rope_kernel(x_ptr, g_ptr, w_ptr, s_ptr, z_ptr, inv_freq_ptr, rope_ptr, 
     m = tl.program_id(1)
     dt: tl.constexpr = q_ptr.dtype.element_ty
     inv_freq = tl.load(inv_freq_ptr + d)  # a constant: before _gemv's wait
-    lo, hi = _gemv(x_ptr + m * K, g_ptr, x_ptr, w_ptr, s_ptr, z_ptr, j * HEAD_DIM + d, j * HEAD_DIM + HALF + d, K,
-                   eps, True, False, 1, HEAD_DIM, QUANT, GROUP, True, PDL, dt, PAIRS, BLOCK_K)
+    lo, hi = _gemv(
+        x_ptr + m * K,
+        g_ptr,
+        x_ptr,
+        w_ptr,
+        s_ptr,
+        z_ptr,
+        j * HEAD_DIM + d,
+        j * HEAD_DIM + HALF + d,
+        K,
+        eps,
+        True,
+        False,
+        1,
+        HEAD_DIM,
+        QUANT,
+        GROUP,
+        True,
+        PDL,
+        dt,
+        PAIRS,
+        BLOCK_K,
+    )
     lo = _round(lo, dt)
     hi = _round(hi, dt)
     which = j // H
@@ -300,8 +433,22 @@ def _qkv_rope_kernel(x_ptr, g_ptr, w_ptr, s_ptr, z_ptr, inv_freq_ptr, rope_ptr, 
 
 
 @triton.jit
-def _attention_kernel(q_ptr, k_ptr, v_ptr, valid_ptr, slot_ptr, part_ptr, stat_ptr, H, S, valid_stride, scale,
-                      HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr, PDL: tl.constexpr):
+def _attention_kernel(
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    valid_ptr,
+    slot_ptr,
+    part_ptr,
+    stat_ptr,
+    H,
+    S,
+    valid_stride,
+    scale,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_S: tl.constexpr,
+    PDL: tl.constexpr,
+):
     """Flash-decoding, first half: one query (head h, batch row m) against the c-th of SPLITS equal runs of the
     cache slots up to its own (BLOCK_S at a time, online softmax), written as the run's unnormalised output (fp32),
     max score and softmax sum. The o-proj combines the runs (_x_tile). Keys are masked by key_valid (left
@@ -356,8 +503,9 @@ def _attention_kernel(q_ptr, k_ptr, v_ptr, valid_ptr, slot_ptr, part_ptr, stat_p
 
 
 @triton.jit
-def _rmsnorm_kernel(x_ptr, g_ptr, out_ptr, step_ptr, K, eps, STEP: tl.constexpr, PDL: tl.constexpr,
-                    BLOCK_K: tl.constexpr):
+def _rmsnorm_kernel(
+    x_ptr, g_ptr, out_ptr, step_ptr, K, eps, STEP: tl.constexpr, PDL: tl.constexpr, BLOCK_K: tl.constexpr
+):
     """out[m] = RMSNorm(x[m]), rounded as RMSNorm.forward rounds: the final norm in one launch. STEP: the step
     counter goes up by one too (the step's sampling launch, the only one that reads it, is done by then)."""
     m = tl.program_id(0)
@@ -378,11 +526,43 @@ def _rmsnorm_kernel(x_ptr, g_ptr, out_ptr, step_ptr, K, eps, STEP: tl.constexpr,
 
 
 @triton.jit
-def _sample_feed_kernel(logits_ptr, hist_ptr, temp_ptr, noise_ptr, step_ptr, min_new_ptr, emb_ptr, h_ptr,
-                        hidden_ptr, codes_ptr, finished_ptr, lengths_ptr, x_ptr, prompt_len_ptr, rope_base_ptr,
-                        slot_ptr, rope_ptr, arrived_ptr, V, W, D, CHUNK, EOS, top_k, top_p, min_keep, log2_penalty,
-                        Q: tl.constexpr, PENALTY: tl.constexpr, TOP_P: tl.constexpr, PDL: tl.constexpr,
-                        BLOCK_Q: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_W: tl.constexpr):
+def _sample_feed_kernel(
+    logits_ptr,
+    hist_ptr,
+    temp_ptr,
+    noise_ptr,
+    step_ptr,
+    min_new_ptr,
+    emb_ptr,
+    h_ptr,
+    hidden_ptr,
+    codes_ptr,
+    finished_ptr,
+    lengths_ptr,
+    x_ptr,
+    prompt_len_ptr,
+    rope_base_ptr,
+    slot_ptr,
+    rope_ptr,
+    arrived_ptr,
+    V,
+    W,
+    D,
+    CHUNK,
+    EOS,
+    top_k,
+    top_p,
+    min_keep,
+    log2_penalty,
+    Q: tl.constexpr,
+    PENALTY: tl.constexpr,
+    TOP_P: tl.constexpr,
+    PDL: tl.constexpr,
+    BLOCK_Q: tl.constexpr,
+    BLOCK_V: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_W: tl.constexpr,
+):
     """Everything of a decode step between the code heads and the first layer, as toolkit.decode.decode_step and
     sampling.sample_codes do it, one program per batch row b and codebook q: temperature, repetition penalty over
     the history window, top-p inside top-k, EOS barred before min_new, the draw argmax(p / noise), the history and
@@ -448,8 +628,9 @@ def _sample_feed_kernel(logits_ptr, hist_ptr, temp_ptr, noise_ptr, step_ptr, min
         finished = (tl.load(finished_ptr + b) != 0) | (hit_eos != 0)
         tl.store(finished_ptr + b, finished.to(finished_ptr.dtype.element_ty))
         tl.store(lengths_ptr + b, tl.load(lengths_ptr + b) + (1 - finished.to(tl.int64)))
-        rows = tl.load(emb_ptr + (qs * V + codes)[:, None] * D + d[None, :], mask=(qs < Q)[:, None] & (d < D)[None, :],
-                       other=0.0)
+        rows = tl.load(
+            emb_ptr + (qs * V + codes)[:, None] * D + d[None, :], mask=(qs < Q)[:, None] & (d < D)[None, :], other=0.0
+        )
         tl.store(x_ptr + b * D + d, tl.sum(rows.to(tl.float32), 0).to(x_ptr.dtype.element_ty), mask=d < D)
 
 
@@ -489,6 +670,7 @@ def _pdl(device: torch.device, pdl: bool) -> dict:
 class Partials(NamedTuple):
     """Attention's runs of cache slots before they are combined: outputs (M, H, splits, hd) and (max score,
     softmax sum) pairs (M, H, splits, 2), fp32; the query's dtype, which the combined output is rounded to."""
+
     part: Tensor
     stat: Tensor
     dtype: torch.dtype
@@ -497,12 +679,20 @@ class Partials(NamedTuple):
 def _launch_weight(weight: Tensor) -> tuple[list, dict]:
     """(w, scale, zero pointers, QUANT and GROUP) for a kernel call."""
     w = _weight(weight)
-    return ([w.data, w.data if w.scale is None else w.scale, w.data if w.zero is None else w.zero],
-            dict(QUANT=w.quant, GROUP=w.group))
+    return (
+        [w.data, w.data if w.scale is None else w.scale, w.data if w.zero is None else w.zero],
+        dict(QUANT=w.quant, GROUP=w.group),
+    )
 
 
-def linear(x: Tensor | Partials, weight: Tensor, norm: RMSNorm | None = None, residual: Tensor | None = None,
-           gate: bool = False, pdl: bool = True) -> Tensor:
+def linear(
+    x: Tensor | Partials,
+    weight: Tensor,
+    norm: RMSNorm | None = None,
+    residual: Tensor | None = None,
+    gate: bool = False,
+    pdl: bool = True,
+) -> Tensor:
     """x (M, K), weight (N, K) or, with gate, (2N, K) -> (M, N): (residual +) norm(x) @ weight.T, or
     silu(norm(x) @ W_gate.T) * (norm(x) @ W_up.T). x may be attention's Partials (the o-proj): combined here.
     With PDL the residual is read before waiting for the launch just before, so that launch must not write it (in
@@ -520,24 +710,56 @@ def linear(x: Tensor | Partials, weight: Tensor, norm: RMSNorm | None = None, re
     w_args, w_opts = _launch_weight(weight)
     block_k = _block_k(K, max(c["block_k"], hd, w_opts["GROUP"]))
     _linear_kernel[(triton.cdiv(N, c["block_n"]), M)](
-        x_data, norm.weight if norm is not None else x_data, stat, *w_args,
-        residual if residual is not None else x_data, out, N, K, norm.eps if norm is not None else 0.0,
-        NORM=norm is not None, COMBINE=combine, SPLITS=splits, HEAD_DIM=hd, GATE=gate, RES=residual is not None,
-        BLOCK_N=c["block_n"], BLOCK_K=block_k, num_warps=c["warps"], **w_opts, **_pdl(x_data.device, pdl))
+        x_data,
+        norm.weight if norm is not None else x_data,
+        stat,
+        *w_args,
+        residual if residual is not None else x_data,
+        out,
+        N,
+        K,
+        norm.eps if norm is not None else 0.0,
+        NORM=norm is not None,
+        COMBINE=combine,
+        SPLITS=splits,
+        HEAD_DIM=hd,
+        GATE=gate,
+        RES=residual is not None,
+        BLOCK_N=c["block_n"],
+        BLOCK_K=block_k,
+        num_warps=c["warps"],
+        **w_opts,
+        **_pdl(x_data.device, pdl),
+    )
     return out
 
 
-def attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, key_valid: Tensor, slot: Tensor,
-              pdl: bool = True) -> Partials:
+def attention(
+    q: Tensor, k_cache: Tensor, v_cache: Tensor, key_valid: Tensor, slot: Tensor, pdl: bool = True
+) -> Partials:
     """q (M, H, hd) for cache slot `slot` (1,), caches (B >= M, H, S, hd), key_valid (B, S) -> the Partials of
     CONFIGS["attention"]["splits"] runs of slots, which linear() combines (the o-proj)."""
     M, H, hd = q.shape
     c = CONFIGS["attention"]
     part = torch.empty(M, H, c["splits"], hd, dtype=torch.float32, device=q.device)
     stat = torch.empty(M, H, c["splits"], 2, dtype=torch.float32, device=q.device)
-    _attention_kernel[(H, c["splits"], M)](q, k_cache, v_cache, key_valid, slot, part, stat, H, k_cache.shape[2],
-                                           key_valid.stride(0), hd ** -0.5, HEAD_DIM=hd, BLOCK_S=c["block_s"],
-                                           num_warps=c["warps"], **_pdl(q.device, pdl))
+    _attention_kernel[(H, c["splits"], M)](
+        q,
+        k_cache,
+        v_cache,
+        key_valid,
+        slot,
+        part,
+        stat,
+        H,
+        k_cache.shape[2],
+        key_valid.stride(0),
+        hd**-0.5,
+        HEAD_DIM=hd,
+        BLOCK_S=c["block_s"],
+        num_warps=c["warps"],
+        **_pdl(q.device, pdl),
+    )
     return Partials(part, stat, q.dtype)
 
 
@@ -551,25 +773,59 @@ def qkv_rope(h: Tensor, layer: Block, inv_freq: Tensor, rope_pos: Tensor, slot: 
     q = torch.empty(M, H, hd, dtype=cache.k.dtype, device=h.device)
     w_args, w_opts = _launch_weight(att.wqkv.weight)
     _qkv_rope_kernel[(3 * H * hd // 2 // pairs, M)](
-        h, layer.attention_norm.weight, *w_args, inv_freq, rope_pos, slot, q, cache.k, cache.v, D, H,
-        cache.k.shape[2], layer.attention_norm.eps, HEAD_DIM=hd, PAIRS=pairs,
-        BLOCK_K=_block_k(D, max(c["block_k"], w_opts["GROUP"])), num_warps=c["warps"], **w_opts, **_pdl(h.device, pdl))
+        h,
+        layer.attention_norm.weight,
+        *w_args,
+        inv_freq,
+        rope_pos,
+        slot,
+        q,
+        cache.k,
+        cache.v,
+        D,
+        H,
+        cache.k.shape[2],
+        layer.attention_norm.eps,
+        HEAD_DIM=hd,
+        PAIRS=pairs,
+        BLOCK_K=_block_k(D, max(c["block_k"], w_opts["GROUP"])),
+        num_warps=c["warps"],
+        **w_opts,
+        **_pdl(h.device, pdl),
+    )
     return q
 
 
-def rmsnorm(x: Tensor, norm: RMSNorm, out: Tensor | None = None, step: Tensor | None = None,
-            pdl: bool = True) -> Tensor:
+def rmsnorm(
+    x: Tensor, norm: RMSNorm, out: Tensor | None = None, step: Tensor | None = None, pdl: bool = True
+) -> Tensor:
     """norm(x) for x (M, K), into out if given (contiguous, x's shape and dtype); step (a 0-d counter), if given,
     goes up by one in the same launch."""
     M, K = x.shape
     out = torch.empty_like(x) if out is None else out
-    _rmsnorm_kernel[(M,)](x, norm.weight, out, step if step is not None else x, K, norm.eps, STEP=step is not None,
-                          BLOCK_K=_block_k(K, 1024), **_pdl(x.device, pdl))
+    _rmsnorm_kernel[(M,)](
+        x,
+        norm.weight,
+        out,
+        step if step is not None else x,
+        K,
+        norm.eps,
+        STEP=step is not None,
+        BLOCK_K=_block_k(K, 1024),
+        **_pdl(x.device, pdl),
+    )
     return out
 
 
-def decode_forward(gpt: GPT, x: Tensor, input_pos: Tensor, rope_pos: Tensor, out: Tensor | None = None,
-                   step: Tensor | None = None, pdl: bool = True) -> Tensor:
+def decode_forward(
+    gpt: GPT,
+    x: Tensor,
+    input_pos: Tensor,
+    rope_pos: Tensor,
+    out: Tensor | None = None,
+    step: Tensor | None = None,
+    pdl: bool = True,
+) -> Tensor:
     """GPT.forward for one new position per row through these kernels: x (B, 1, D), input_pos (1,) cache slot,
     rope_pos (B, 1) -> final-norm hidden (B, 1, D), written into out (B, D) if given; writes the cache slot like the
     PyTorch path. step, if given, goes up by one in the last launch (one launch fewer than a separate add).
@@ -577,11 +833,13 @@ def decode_forward(gpt: GPT, x: Tensor, input_pos: Tensor, rope_pos: Tensor, out
     h = x[:, 0].contiguous()
     for layer in gpt.layers:
         att, ffn, cache = layer.attention, layer.feed_forward, layer.attention.kv_cache
-        y = attention(qkv_rope(h, layer, gpt.inv_freq, rope_pos, input_pos, pdl), cache.k, cache.v, gpt.key_valid,
-                      input_pos, pdl)
+        y = attention(
+            qkv_rope(h, layer, gpt.inv_freq, rope_pos, input_pos, pdl), cache.k, cache.v, gpt.key_valid, input_pos, pdl
+        )
         h = linear(y, att.wo.weight, residual=h, pdl=pdl)
-        h = linear(linear(h, ffn.w13.weight, norm=layer.ffn_norm, gate=True, pdl=pdl), ffn.w2.weight, residual=h,
-                   pdl=pdl)
+        h = linear(
+            linear(h, ffn.w13.weight, norm=layer.ffn_norm, gate=True, pdl=pdl), ffn.w2.weight, residual=h, pdl=pdl
+        )
     return rmsnorm(h, gpt.norm, out, step, pdl)[:, None]
 
 
@@ -592,28 +850,59 @@ def fused_sampling(gpt: GPT, p: SamplingParams) -> bool:
     return p.top_k_for(V) < V and type(gpt.emb_code.weight) in (torch.Tensor, torch.nn.Parameter)
 
 
-def decode_step(gpt: GPT, s: DecodeState, p: SamplingParams, chunk: int, sample=sample_codes,
-                pdl: bool = True) -> None:
+def decode_step(gpt: GPT, s: DecodeState, p: SamplingParams, chunk: int, sample=sample_codes, pdl: bool = True) -> None:
     """toolkit.decode.decode_step through these kernels: the code heads, one launch that samples and does the step's
     bookkeeping, the layers, the final norm into s.h (which also counts the step). Settings fused_sampling() does
     not cover sample with `sample` (PyTorch) instead."""
     if not fused_sampling(gpt, p):
-        return pytorch_decode_step(gpt, s, p, chunk, sample=sample,
-                                   forward=functools.partial(decode_forward, pdl=pdl))
+        return pytorch_decode_step(gpt, s, p, chunk, sample=sample, forward=functools.partial(decode_forward, pdl=pdl))
     cfg = gpt.cfg
     (B, D), Q, V, W = s.h.shape, cfg.num_vq, cfg.num_audio_tokens, s.history.shape[1]
     z = dict(device=s.h.device)
     x = torch.empty(B, D, dtype=s.h.dtype, **z)
     slot, rope = torch.empty(1, dtype=torch.long, **z), torch.empty(B, 1, dtype=torch.long, **z)
-    logits = linear(s.h, gpt.head_code.weight, pdl=pdl)  # (B, Q * V) in the model's dtype, read as float32 like code_logits
+    logits = linear(
+        s.h, gpt.head_code.weight, pdl=pdl
+    )  # (B, Q * V) in the model's dtype, read as float32 like code_logits
     penalty, k = p.repetition_penalty, p.top_k_for(V)
     _sample_feed_kernel[(B, Q)](
-        logits, s.history, s.temperature, s.noise, s.step, s.min_new, gpt.emb_code.weight, s.h, s.hidden, s.codes,
-        s.finished, s.lengths, x, s.prompt_len, s.rope_base, slot, rope, s.arrived, V, W, D, chunk,
-        cfg.eos_code, k, p.top_p, min(p.min_keep, k), math.log2(penalty), Q=Q, PENALTY=penalty != 1.0,
-        TOP_P=p.top_p < 1.0, BLOCK_Q=triton.next_power_of_2(Q), BLOCK_V=triton.next_power_of_2(V),
-        BLOCK_D=triton.next_power_of_2(D), BLOCK_W=W,
-        num_warps=CONFIGS["sample"]["warps"], **_pdl(s.h.device, pdl))
+        logits,
+        s.history,
+        s.temperature,
+        s.noise,
+        s.step,
+        s.min_new,
+        gpt.emb_code.weight,
+        s.h,
+        s.hidden,
+        s.codes,
+        s.finished,
+        s.lengths,
+        x,
+        s.prompt_len,
+        s.rope_base,
+        slot,
+        rope,
+        s.arrived,
+        V,
+        W,
+        D,
+        chunk,
+        cfg.eos_code,
+        k,
+        p.top_p,
+        min(p.min_keep, k),
+        math.log2(penalty),
+        Q=Q,
+        PENALTY=penalty != 1.0,
+        TOP_P=p.top_p < 1.0,
+        BLOCK_Q=triton.next_power_of_2(Q),
+        BLOCK_V=triton.next_power_of_2(V),
+        BLOCK_D=triton.next_power_of_2(D),
+        BLOCK_W=W,
+        num_warps=CONFIGS["sample"]["warps"],
+        **_pdl(s.h.device, pdl),
+    )
     decode_forward(gpt, x[:, None], slot, rope, out=s.h, step=s.step, pdl=pdl)
 
 
@@ -624,8 +913,22 @@ def self_check(device: torch.device, pdl: bool = True) -> None:
     The global random state is left as it was."""
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(0)
-        gpt = GPT(GPTConfig(hidden=64, layers=1, heads=4, intermediate=128, max_positions=64, num_text_tokens=8,
-                            num_audio_tokens=64)).to(device).eval().requires_grad_(False)
+        gpt = (
+            GPT(
+                GPTConfig(
+                    hidden=64,
+                    layers=1,
+                    heads=4,
+                    intermediate=128,
+                    max_positions=64,
+                    num_text_tokens=8,
+                    num_audio_tokens=64,
+                )
+            )
+            .to(device)
+            .eval()
+            .requires_grad_(False)
+        )
         h = torch.randn(1, 64)
     gpt.setup_caches(1, 16)
     gpt.key_valid.fill_(True)

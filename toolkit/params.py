@@ -1,4 +1,5 @@
 """Sampling settings, shared by the torch engine and the torch-free runtime (so this module imports no torch)."""
+
 from __future__ import annotations
 
 import math
@@ -18,8 +19,11 @@ class SamplingParams:
 
     def __post_init__(self):
         temps = self.temperature if isinstance(self.temperature, (tuple, list)) else (self.temperature,)
-        for name, v in (*(("temperature", t) for t in temps), ("top_p", self.top_p),
-                        ("repetition_penalty", self.repetition_penalty)):
+        for name, v in (
+            *(("temperature", t) for t in temps),
+            ("top_p", self.top_p),
+            ("repetition_penalty", self.repetition_penalty),
+        ):
             if not math.isfinite(v):  # NaN passes every comparison below; inf makes every logit equal
                 raise ValueError(f"{name} must be a finite number, got {v}")
         if any(t <= 0 for t in temps):
@@ -29,8 +33,9 @@ class SamplingParams:
         if self.top_k < 1 or self.repetition_penalty <= 0 or self.max_new_tokens < 1:
             raise ValueError("top_k and max_new_tokens must be >= 1 and repetition_penalty > 0")
         if self.min_keep < 2:  # with one kept, barring EOS before min_new_tokens could leave nothing to draw
-            raise ValueError(f"min_keep must be >= 2 (EOS may be barred from what top-p/top-k keep), got "
-                             f"{self.min_keep}")
+            raise ValueError(
+                f"min_keep must be >= 2 (EOS may be barred from what top-p/top-k keep), got {self.min_keep}"
+            )
 
     def top_k_for(self, vocab: int) -> int:
         """The k best that top-k keeps of `vocab` codes: never fewer than min_keep, never more than there are."""

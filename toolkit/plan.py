@@ -1,5 +1,6 @@
 """A request's texts -> batches of sentences -> one result per text. The torch engine and the torch-free edge
 runtime share this plan, so both split, batch, seed and reassemble alike."""
+
 from __future__ import annotations
 
 import warnings
@@ -28,7 +29,7 @@ class Plan:
         """(b, piece indices) per batch: sentences by length, so a batch pads little. Batch b is seeded seed + b."""
         order = sorted(range(len(self.pieces)), key=lambda k: len(self.pieces[k][1]))
         for b in range(0, len(order), self.batch_size):
-            yield b, order[b: b + self.batch_size]
+            yield b, order[b : b + self.batch_size]
 
     def per_text(self, hit_limit: dict[int, bool]) -> list[list[int]]:
         """The piece indices of each text, in order; warns for a text whose sentence ran out of steps."""
@@ -37,8 +38,9 @@ class Plan:
             out[i].append(k)
         for i, ks in enumerate(out):
             if any(hit_limit[k] for k in ks):
-                warnings.warn(f"text {i}: a sentence reached max_new_tokens without EOS; its audio may be cut",
-                              stacklevel=3)
+                warnings.warn(
+                    f"text {i}: a sentence reached max_new_tokens without EOS; its audio may be cut", stacklevel=3
+                )
         return out
 
 

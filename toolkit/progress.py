@@ -1,4 +1,5 @@
 """Progress for the command line, scripts and the GUI: one bar (or line) per stage, each with its own ETA."""
+
 from __future__ import annotations
 
 import sys
@@ -9,6 +10,7 @@ def progress_bar(desc: str):
     """A progress callback drawing tqdm bars on stderr: call it as (done, total), or (stage, done, total) for one
     bar per stage. A finished stage's bar stays, with its time; the running one shows its rate and ETA."""
     from tqdm import tqdm
+
     bars = {}
 
     def update(stage_or_done, done_or_total, total=None):
@@ -16,17 +18,19 @@ def progress_bar(desc: str):
             stage, done, total = desc, stage_or_done, done_or_total
         else:
             stage, done = stage_or_done, done_or_total
-        bar = bars.get(stage) or bars.setdefault(stage, tqdm(total=total, desc=stage, unit="it", leave=True,
-                                                               file=sys.stderr))
+        bar = bars.get(stage) or bars.setdefault(
+            stage, tqdm(total=total, desc=stage, unit="it", leave=True, file=sys.stderr)
+        )
         bar.n = done
         bar.refresh()
         if done >= total:
             bar.close()
+
     return update
 
 
 def duration(seconds: float) -> str:
-    """"45 s", "3 min 20 s", "1 h 05 min"."""
+    """ "45 s", "3 min 20 s", "1 h 05 min"."""
     s = int(round(seconds))
     if s < 60:
         return f"{s} s"

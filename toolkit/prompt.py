@@ -1,4 +1,5 @@
 """Sentences + speaker -> GPT prompt embeddings, in ChatTTS's layout."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -20,6 +21,7 @@ class Voice:
     """What a speaker puts into the code prompt: a vector at [spk_emb] ([empty_spk] when None) and, for a speaker
     from sample audio (ChatTTS's spk_smp, txt_smp), the sample's transcript before the text and its codes after
     [Ptts], which the GPT then continues."""
+
     vector: Tensor | None
     sample_codes: Tensor | None = None  # (T, Q)
     sample_text: str = ""
@@ -30,10 +32,15 @@ def encode_prompts(model: TTSModel, sentences: Sequence[str], speaker: Tensor | 
     voice = speaker if isinstance(speaker, Voice) else Voice(speaker)
     tok, gpt = model.tokenizer, model.gpt
     from .frontend import frontend_for
+
     frontend = frontend_for(getattr(model, "frontend", None))  # identity unless the manifest names one
     sample_text = frontend(normalize(voice.sample_text)) if voice.sample_text.strip() else ""
-    ids, valid = tok.encode([prompt_text(frontend(s), tok.has, sample_text=sample_text,
-                                         speaker=voice.vector is not None) for s in sentences])
+    ids, valid = tok.encode(
+        [
+            prompt_text(frontend(s), tok.has, sample_text=sample_text, speaker=voice.vector is not None)
+            for s in sentences
+        ]
+    )
     if int(ids.max()) >= gpt.cfg.num_text_tokens:
         raise ValueError("the tokenizer produced ids beyond the model's text vocabulary: wrong tokenizer.json?")
     device = gpt.emb_text.weight.device
@@ -73,14 +80,18 @@ def resolve_voice(model: TTSModel, speaker) -> Voice:
     if not isinstance(spec, SampleSpeaker):
         return Voice(resolve_speaker(model, spec))
     if not reads_audio_prompts(model):
-        raise SpeakerError("this model was not trained with sample-audio prompts (ChatTTS's spk_smp); make a speaker "
-                           "for it from the audio with `ttsq speaker from-audio WAV --text ... --model MODEL`, which "
-                           "fits a speaker vector to the sample")
+        raise SpeakerError(
+            "this model was not trained with sample-audio prompts (ChatTTS's spk_smp); make a speaker "
+            "for it from the audio with `ttsq speaker from-audio WAV --text ... --model MODEL`, which "
+            "fits a speaker vector to the sample"
+        )
     g = model.cfg.gpt
     codes = np.asarray(spec.codes)
     if codes.shape[0] != g.num_vq or codes.max() >= g.eos_code:
-        raise SpeakerError(f"the sample-audio speaker holds codes of shape {codes.shape} up to {codes.max()}, but this "
-                           f"model reads {g.num_vq} codebooks of codes below {g.eos_code}: it was made for another model")
+        raise SpeakerError(
+            f"the sample-audio speaker holds codes of shape {codes.shape} up to {codes.max()}, but this "
+            f"model reads {g.num_vq} codebooks of codes below {g.eos_code}: it was made for another model"
+        )
     return Voice(None, torch.from_numpy(codes.T.astype(np.int64)), spec.text)
 
 
@@ -97,8 +108,10 @@ def resolve_speaker(model: TTSModel, speaker) -> Tensor:
     if isinstance(spec, str):
         return model.voices[spec].float()
     if isinstance(spec, SampleSpeaker):
-        raise SpeakerError("this is a sample-audio speaker (codes of a recording), not a speaker vector; pass it "
-                           "to synthesize() (or --speaker with --speaker-text) instead")
+        raise SpeakerError(
+            "this is a sample-audio speaker (codes of a recording), not a speaker vector; pass it "
+            "to synthesize() (or --speaker with --speaker-text) instead"
+        )
     if isinstance(spec, np.ndarray) and spec.dtype == np.float16:
         return torch.from_numpy(check_vector(spec, D)).half()
     if isinstance(spec, Tensor):

@@ -10,6 +10,7 @@ for, is applied as in the code stage (the package's own fails in text mode: its 
 
 Torch-free: the torch Synthesizer and the edge runtime run their own engines around these pieces.
 """
+
 from __future__ import annotations
 
 import re
@@ -20,8 +21,9 @@ from .params import SamplingParams
 from .text import STRUCTURAL
 
 # RefineTextParams' defaults (chattts 0.2.5), in ttsq's names
-REFINE_DEFAULTS = dict(temperature=0.7, top_p=0.7, top_k=20, repetition_penalty=1.0, max_new_tokens=384,
-                       min_new_tokens=0)
+REFINE_DEFAULTS = dict(
+    temperature=0.7, top_p=0.7, top_k=20, repetition_penalty=1.0, max_new_tokens=384, min_new_tokens=0
+)
 NEEDED = ("[Sbreak]", "[Pbreak]", "[Ebreak]", "[break_0]")  # the layout, the end token, the first dropped id
 EOS = "[Ebreak]"
 PROMPT = re.compile(r"(?:\[[a-z]+_\d+\])*")  # control tokens only, e.g. [oral_2][laugh_0][break_6]
@@ -48,19 +50,24 @@ def check_refinable(tokenizer, text_head: bool = True, no_head: str | None = Non
         raise RefineError(f"cannot refine text: {no_head}")
     else:
         return
-    raise RefineError(f"this model cannot refine text: {why}. Refine needs the trained text head of a ChatTTS "
-                      "checkpoint (--model with an official ChatTTS folder, or a ttsq folder or export made from "
-                      "one); ttsq's own voices, the shipped one included, have none. Synthesize without --refine")
+    raise RefineError(
+        f"this model cannot refine text: {why}. Refine needs the trained text head of a ChatTTS "
+        "checkpoint (--model with an official ChatTTS folder, or a ttsq folder or export made from "
+        "one); ttsq's own voices, the shipped one included, have none. Synthesize without --refine"
+    )
 
 
 def check_prompt(tokenizer, prompt: str) -> str:
     if not PROMPT.fullmatch(prompt):
-        raise RefineError(f"refine prompt {prompt!r} is not a run of control tokens; write it like "
-                          "[oral_2][laugh_0][break_6]")
+        raise RefineError(
+            f"refine prompt {prompt!r} is not a run of control tokens; write it like [oral_2][laugh_0][break_6]"
+        )
     unknown = [t for t in re.findall(r"\[[^\]]+\]", prompt) if not tokenizer.has(t)]
     if unknown:
-        raise RefineError(f"refine prompt tokens {', '.join(unknown)} are not in this model's vocabulary; "
-                          "ChatTTS has [oral_0-9], [laugh_0-2], [break_0-7] and [speed_0-9]")
+        raise RefineError(
+            f"refine prompt tokens {', '.join(unknown)} are not in this model's vocabulary; "
+            "ChatTTS has [oral_0-9], [laugh_0-2], [break_0-7] and [speed_0-9]"
+        )
     return prompt
 
 
@@ -76,18 +83,24 @@ def refined_text(tokenizer, ids: Sequence[int]) -> str:
     return re.sub(r"\s+", " ", STRUCTURAL.sub("", text)).strip()
 
 
-def refined_texts(tokenizer, sentences: Sequence[str], rows: Sequence[Sequence[int]], finished: Sequence[bool],
-                  max_new_tokens: int) -> list[str]:
+def refined_texts(
+    tokenizer, sentences: Sequence[str], rows: Sequence[Sequence[int]], finished: Sequence[bool], max_new_tokens: int
+) -> list[str]:
     """Each sentence's generated tokens (before [Ebreak]) -> its refined text; RefineError where one is empty."""
     out = []
     for sentence, ids, done in zip(sentences, rows, finished):
         if not done:
-            warnings.warn(f"refine of {sentence[:40]!r} reached {max_new_tokens} tokens without {EOS}; its refined "
-                          "text may be cut", stacklevel=3)
+            warnings.warn(
+                f"refine of {sentence[:40]!r} reached {max_new_tokens} tokens without {EOS}; its refined "
+                "text may be cut",
+                stacklevel=3,
+            )
         text = refined_text(tokenizer, ids)
         if not text:
-            raise RefineError(f"refine produced no text for {sentence[:60]!r} (the model ended it at once): try "
-                              "another --seed, another --refine-prompt, or synthesize without --refine")
+            raise RefineError(
+                f"refine produced no text for {sentence[:60]!r} (the model ended it at once): try "
+                "another --seed, another --refine-prompt, or synthesize without --refine"
+            )
         out.append(text)
     return out
 

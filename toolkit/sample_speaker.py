@@ -5,6 +5,7 @@ transcript (txt_smp), in the prompt as ChatTTS lays it out. ttsq's voice lab tra
 models the speaker is the vector under which the GPT, teacher-forced, finds the sample's codes most likely: a plain
 speaker vector (and string) afterwards, usable at any precision and in the edge runtime.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -70,7 +71,7 @@ def trim(wav: np.ndarray, sample_rate: int, floor_db: float = -40.0) -> np.ndarr
     level = np.abs(wav)
     loud = np.flatnonzero(level > level.max() * 10 ** (floor_db / 20))
     pad = sample_rate // 10
-    return wav[max(0, loud[0] - pad): loud[-1] + pad]
+    return wav[max(0, loud[0] - pad) : loud[-1] + pad]
 
 
 @torch.no_grad()
@@ -80,8 +81,9 @@ def sample_codes(encoder: torch.nn.Module, wav: np.ndarray) -> np.ndarray:
     return encoder(torch.from_numpy(wav).to(device)[None])[0].cpu().numpy()
 
 
-def speaker_from_audio(model: TTSModel, encoder: torch.nn.Module, wav: np.ndarray, text: str,
-                       settings: FitSettings | None = None) -> SampleSpeaker | np.ndarray:
+def speaker_from_audio(
+    model: TTSModel, encoder: torch.nn.Module, wav: np.ndarray, text: str, settings: FitSettings | None = None
+) -> SampleSpeaker | np.ndarray:
     """wav float32 mono at the model's rate -> a SampleSpeaker (ChatTTS checkpoints) or a fitted (D,) vector."""
     text = text.strip()
     if not text:
@@ -124,18 +126,20 @@ class TeacherForced:
         emb, _ = encode_prompts(model, [text], Voice(torch.zeros(gpt.cfg.hidden)))
         self.T = emb.shape[1]
         if self.T + len(self.target) > gpt.cfg.max_positions:
-            raise SpeakerError(f"the sample and its transcript need {self.T + len(self.target)} positions, more than "
-                               f"this model's {gpt.cfg.max_positions}; give a shorter sample")
+            raise SpeakerError(
+                f"the sample and its transcript need {self.T + len(self.target)} positions, more than "
+                f"this model's {gpt.cfg.max_positions}; give a shorter sample"
+            )
         probe, _ = encode_prompts(model, [text], Voice(torch.ones(gpt.cfg.hidden)))
         self.emb = torch.cat([emb, gpt.embed_codes(target[None]).to(emb.dtype)], 1)
         self.is_spk = torch.zeros(self.emb.shape[:2], dtype=torch.bool, device=device)
-        self.is_spk[:, :self.T] = (probe != emb).any(-1)  # where the speaker goes: [spk_emb]
+        self.is_spk[:, : self.T] = (probe != emb).any(-1)  # where the speaker goes: [spk_emb]
         self.valid = torch.ones(self.emb.shape[:2], dtype=torch.bool, device=device)
 
     def nll(self, speaker: torch.Tensor) -> torch.Tensor:
         x = apply_speaker(self.emb, self.is_spk, speaker[None])
         h = self.gpt.forward_full(x, self.valid)
-        logits = self.gpt.code_logits(h[0, self.T - 1:])  # (n, Q, V)
+        logits = self.gpt.code_logits(h[0, self.T - 1 :])  # (n, Q, V)
         return torch.nn.functional.cross_entropy(logits.flatten(0, 1), self.target.flatten())
 
 

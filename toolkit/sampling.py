@@ -1,5 +1,6 @@
 """ChatTTS-style sampling on the device: temperature, repetition penalty over a window, top-p, top-k,
 EOS suppression before a minimum length, and a sync-free categorical draw."""
+
 from __future__ import annotations
 
 import torch
@@ -32,7 +33,7 @@ def process_logits(logits: Tensor, history: Tensor, p: SamplingParams, temperatu
         sorted_logits, order = logits.sort(dim=-1)  # ascending
         cum = sorted_logits.softmax(-1).cumsum(-1)
         drop = cum <= 1 - p.top_p
-        drop[:, -p.min_keep:] = False
+        drop[:, -p.min_keep :] = False
         logits = logits.masked_fill(drop.scatter(1, order, drop), float("-inf"))
     return logits
 
@@ -43,8 +44,16 @@ def draw(logits: Tensor, noise: Tensor) -> Tensor:
     return (logits.softmax(-1) / noise).argmax(-1)
 
 
-def sample_codes(logits: Tensor, history: Tensor, temperature: Tensor, noise: Tensor, step: Tensor, min_new: Tensor,
-                 p: SamplingParams, eos_code: int) -> Tensor:
+def sample_codes(
+    logits: Tensor,
+    history: Tensor,
+    temperature: Tensor,
+    noise: Tensor,
+    step: Tensor,
+    min_new: Tensor,
+    p: SamplingParams,
+    eos_code: int,
+) -> Tensor:
     """One decode step's draw: logits (N, V) float32 -> ids (N,); EOS is barred while step < min_new."""
     logits = process_logits(logits, history, p, temperature)
     eos = logits[:, eos_code]

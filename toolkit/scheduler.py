@@ -16,6 +16,7 @@ and seeded as `ttsq synth --batch-size 1` does (`Plan`), sentences run one after
     job = sched.submit("Hello there.", speaker="m1", seed=0)   # raises QueueFull when the queue is full
     for kind, data in job.events(): ...   # ("audio", float32 array)..., then ("end", outcome) or ("error", exc)
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -28,7 +29,6 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
-import numpy as np
 import torch
 from torch import Tensor, nn
 
@@ -55,6 +55,7 @@ class Closed(RuntimeError):
 class Job:
     """One request: its sentences (text, seed), speaker, and what happened to it. on_event(job, kind, data) is called
     from the scheduler's thread: ("audio", float32 samples), then one ("end", "done" | "cancelled") or ("error", exc)."""
+
     id: int
     sentences: list[tuple[str, int]]
     speaker: Tensor
@@ -107,9 +108,18 @@ class _CacheView(KVCache):
 
 
 class Scheduler:
-    def __init__(self, synth: Synthesizer, *, slots: int = 8, max_queue: int = 32,
-                 params: SamplingParams | None = None, chunk: int = 16, max_chars: int = 120,
-                 control_tokens: bool = False, cache_len: int | None = None):
+    def __init__(
+        self,
+        synth: Synthesizer,
+        *,
+        slots: int = 8,
+        max_queue: int = 32,
+        params: SamplingParams | None = None,
+        chunk: int = 16,
+        max_chars: int = 120,
+        control_tokens: bool = False,
+        cache_len: int | None = None,
+    ):
         """slots: requests decoded together at most; max_queue: requests waiting for a slot at most (submit raises
         QueueFull beyond). chunk: steps between renders of a row (and its noise draws, as in the engine).
         cache_len: KV cache positions per row (default the model's max_positions; a sentence's prompt and steps
@@ -121,7 +131,11 @@ class Scheduler:
         self.max_chars, self.control_tokens = max_chars, control_tokens
         gpt = self.gpt = synth.model.gpt
         cfg = gpt.cfg
-        self.Q, self.V, self.L = cfg.num_vq, cfg.num_audio_tokens, min(cache_len or cfg.max_positions, cfg.max_positions)
+        self.Q, self.V, self.L = (
+            cfg.num_vq,
+            cfg.num_audio_tokens,
+            min(cache_len or cfg.max_positions, cfg.max_positions),
+        )
         dev, dtype = synth.device, gpt.norm.weight.dtype
         shape = (slots, cfg.heads, self.L, cfg.head_dim)
         self.k = [torch.zeros(shape, dtype=dtype, device=dev) for _ in gpt.layers]
@@ -162,8 +176,9 @@ class Scheduler:
         seeds = {idx[0]: seed + b for b, idx in plan.batches()}
         return [(s, seeds[k]) for k, (_, s) in enumerate(plan.pieces)]
 
-    def submit(self, text: str, *, speaker=None, seed: int = 0,
-               on_event: Callable[[Job, str, object], None] | None = None) -> Job:
+    def submit(
+        self, text: str, *, speaker=None, seed: int = 0, on_event: Callable[[Job, str, object], None] | None = None
+    ) -> Job:
         """Queue a request. Raises TextError / ValueError for bad text or speaker, QueueFull, or Closed."""
         sentences = self.plan(text, seed)
         spk = self.synth.speaker_vector(speaker)
@@ -238,17 +253,28 @@ class Scheduler:
         if self.pos < T:  # room below pos for the prompt; positions >= pos are masked in every row
             self.pos = T
         start = self.pos - T
-        r = _Row(job, sentence, StreamRenderer(synth.model), torch.Generator(device=synth.device).manual_seed(seed),
-                 start, T, limit)
+        r = _Row(
+            job,
+            sentence,
+            StreamRenderer(synth.model),
+            torch.Generator(device=synth.device).manual_seed(seed),
+            start,
+            T,
+            limit,
+        )
         self.key_valid[row] = False
-        self.key_valid[row, start:self.pos] = True
+        self.key_valid[row, start : self.pos] = True
         dev = synth.device
         with self._cache_view(slice(row, row + 1), self._cache_len([r])):
-            h = gpt(emb.to(gpt.norm.weight.dtype), torch.arange(start, self.pos, device=dev),
-                    torch.arange(T, device=dev)[None], self.run_block)[:, -1]
+            h = gpt(
+                emb.to(gpt.norm.weight.dtype),
+                torch.arange(start, self.pos, device=dev),
+                torch.arange(T, device=dev)[None],
+                self.run_block,
+            )[:, -1]
         self.h[row] = h[0]
         Q = self.Q
-        self.history[row * Q:(row + 1) * Q] = self.V
+        self.history[row * Q : (row + 1) * Q] = self.V
         if row == len(self.rows):
             self.rows.append(r)
         else:
@@ -283,15 +309,23 @@ class Scheduler:
         steps = torch.tensor([r.steps for r in rows], device=dev)
         noise = self.noise[torch.arange(n, device=dev), steps % chunk].view(n * Q, V)
         step_q = steps.repeat_interleave(Q)
-        ids = sample_codes(gpt.code_logits(self.h[:n]).view(n * Q, V), self.history[:n * Q], self.temperature[:n * Q],
-                           noise, step_q, self.min_new, self.params, gpt.cfg.eos_code).view(n, Q)
+        ids = sample_codes(
+            gpt.code_logits(self.h[:n]).view(n * Q, V),
+            self.history[: n * Q],
+            self.temperature[: n * Q],
+            noise,
+            step_q,
+            self.min_new,
+            self.params,
+            gpt.cfg.eos_code,
+        ).view(n, Q)
         x = gpt.embed_codes(ids)[:, None].to(self.h.dtype)
         rope = torch.tensor([[r.T + r.steps] for r in rows], device=dev)
         self.key_valid[:n, self.pos] = True
         with self._cache_view(slice(0, n), self._cache_len(rows)):
             out = gpt(x, torch.tensor([self.pos], device=dev), rope, self.run_block)[:, 0]
         # committed only now: a step that failed (out of memory) leaves the state as it was, to be retried
-        self.history[:n * Q].scatter_(1, (step_q % self.params.penalty_window)[:, None], ids.view(n * Q, 1))
+        self.history[: n * Q].scatter_(1, (step_q % self.params.penalty_window)[:, None], ids.view(n * Q, 1))
         before = self.h[:n].clone()
         self.h[:n] = out
         self.pos += 1
@@ -367,10 +401,10 @@ class Scheduler:
         if shift <= 0:
             raise RuntimeError("the KV cache is full: no row can shift")  # rows never outgrow max_positions
         for k, v in zip(self.k, self.v):
-            k[:n, :, :self.pos - shift] = k[:n, :, shift:self.pos].clone()
-            v[:n, :, :self.pos - shift] = v[:n, :, shift:self.pos].clone()
-        self.key_valid[:n, :self.pos - shift] = self.key_valid[:n, shift:self.pos].clone()
-        self.key_valid[:n, self.pos - shift:] = False
+            k[:n, :, : self.pos - shift] = k[:n, :, shift : self.pos].clone()
+            v[:n, :, : self.pos - shift] = v[:n, :, shift : self.pos].clone()
+        self.key_valid[:n, : self.pos - shift] = self.key_valid[:n, shift : self.pos].clone()
+        self.key_valid[:n, self.pos - shift :] = False
         self.pos -= shift
         self.compactions += 1
         for r in self.rows:
@@ -386,7 +420,7 @@ class Scheduler:
             for t in (self.key_valid, self.h, self.noise):
                 t[i] = t[last]
             Q = self.Q
-            self.history[i * Q:(i + 1) * Q] = self.history[last * Q:(last + 1) * Q]
+            self.history[i * Q : (i + 1) * Q] = self.history[last * Q : (last + 1) * Q]
             self.rows[i] = self.rows[last]
         self.rows.pop()
         if not self.rows:
@@ -400,8 +434,10 @@ class Scheduler:
 
     def _fail(self, job: Job, e: Exception) -> None:
         if isinstance(e, RuntimeError) and _is_out_of_memory(e):
-            e = OutOfMemory(f"{self.synth.device} ran out of memory serving this request; it was dropped and the "
-                            "server serves on. Retry, or send shorter texts")
+            e = OutOfMemory(
+                f"{self.synth.device} ran out of memory serving this request; it was dropped and the "
+                "server serves on. Retry, or send shorter texts"
+            )
         job.outcome, job.finished = "failed", time.perf_counter()
         self.completed.append(job.id)
         job.on_event(job, "error", e)

@@ -6,6 +6,7 @@ futures and the devices work at the same time.
     futures = [router.submit(t, seed=0) for t in texts]
     wavs = [f.result().wav for f in futures]
 """
+
 from __future__ import annotations
 
 import threading
@@ -19,8 +20,15 @@ from .text import expected_seconds
 
 
 class Router:
-    def __init__(self, model=None, devices: Sequence[str] = ("cuda:0",), precision: str | None = None, *,
-                 max_batch: int = 1, **synth_options):
+    def __init__(
+        self,
+        model=None,
+        devices: Sequence[str] = ("cuda:0",),
+        precision: str | None = None,
+        *,
+        max_batch: int = 1,
+        **synth_options,
+    ):
         """max_batch 1: each request's audio equals `Synthesizer.synthesize(text, seed=seed)` on one device.
         Above 1, requests that meet on a replica with the same speaker, seed and settings share a batch (more audio
         per second; the audio then depends on the batch, as it does for BatchingSynthesizer)."""

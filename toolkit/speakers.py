@@ -8,6 +8,7 @@
 - `chattts-seed:N`: the vector ChatTTS draws after torch.manual_seed(N) (the engines draw it; see ChatTTSSeed);
 - ttsq's own seeds (7, "7", "seed:7") and voice names, as before.
 """
+
 from __future__ import annotations
 
 import lzma
@@ -33,6 +34,7 @@ class SpeakerError(ValueError):
 class ChatTTSSeed:
     """`chattts-seed:N`: ChatTTS's `torch.manual_seed(N); sample_random_speaker()`, i.e. randn(D) drawn in float16
     by torch's CPU generator seeded N, times std plus mean of the model's spk_stat, in float16 arithmetic."""
+
     seed: int
 
 
@@ -40,6 +42,7 @@ class ChatTTSSeed:
 class SampleSpeaker:
     """A speaker given by sample audio, in ChatTTS's prompt layout: the transcript comes before the text and the
     sample's codes after [Ptts], so the model continues in that voice."""
+
     codes: np.ndarray  # (Q, T) DVAE codes of the sample
     text: str = ""  # what the sample says
 
@@ -97,9 +100,11 @@ def decode_string(s: str) -> np.ndarray | SampleSpeaker:
         raise SpeakerError("the speaker string is empty")
     if not _B14.fullmatch(s):
         bad = next((c for c in s if not ("\u4e00" <= c <= "\u8dff" or "\u3d01" <= c <= "\u3d06")), s[:1])
-        raise SpeakerError(f"not a ChatTTS speaker string: it holds {bad!r} (U+{ord(bad):04X}), and base16384 text "
-                           "has only characters U+4E00..U+8DFF (and one tail mark U+3D01..U+3D06); copy the whole "
-                           "string")
+        raise SpeakerError(
+            f"not a ChatTTS speaker string: it holds {bad!r} (U+{ord(bad):04X}), and base16384 text "
+            "has only characters U+4E00..U+8DFF (and one tail mark U+3D01..U+3D06); copy the whole "
+            "string"
+        )
     data = _b14().decode_from_string(s)
     try:
         raw = _decompress(data)
@@ -109,11 +114,15 @@ def decode_string(s: str) -> np.ndarray | SampleSpeaker:
             raw = _decompress(data[4:])
         except lzma.LZMAError:
             what = "cut short" if "ended before" in str(first) else "corrupt"
-            raise SpeakerError(f"the ChatTTS speaker string is {what} ({len(s)} characters do not decompress: "
-                               f"{first}); copy the whole string again") from None
+            raise SpeakerError(
+                f"the ChatTTS speaker string is {what} ({len(s)} characters do not decompress: "
+                f"{first}); copy the whole string again"
+            ) from None
         if len(data) < 4 or len(raw) != 2 * shape[0] * shape[1] or 0 in shape:
-            raise SpeakerError(f"the sample-audio speaker string holds {len(raw) // 2} codes, not the {shape} its "
-                               "header says: it is damaged; make it again (ttsq speaker from-audio)")
+            raise SpeakerError(
+                f"the sample-audio speaker string holds {len(raw) // 2} codes, not the {shape} its "
+                "header says: it is damaged; make it again (ttsq speaker from-audio)"
+            )
         return SampleSpeaker(np.frombuffer(raw, dtype="<u2").astype(np.int64).reshape(shape))
     if len(raw) % 2 or not raw:
         raise SpeakerError(f"the speaker string decodes to {len(raw)} bytes, not a float16 vector: it is damaged")
@@ -157,16 +166,19 @@ def read_file(path: str | Path) -> np.ndarray | SampleSpeaker:
         raise
     except Exception as e:  # a pickle weights_only refuses, a corrupt or truncated file
         first = (str(e).strip().splitlines() or [""])[0]  # torch's unpickling errors run to a dozen lines
-        raise SpeakerError(f"cannot read speaker file {path}: {type(e).__name__}: {first} (a .pt speaker must hold "
-                           "a tensor or a string, nothing that runs code)") from None
+        raise SpeakerError(
+            f"cannot read speaker file {path}: {type(e).__name__}: {first} (a .pt speaker must hold "
+            "a tensor or a string, nothing that runs code)"
+        ) from None
     if isinstance(obj, str):
         return decode_string(obj)
     arr = np.asarray(obj)
     if arr.dtype.kind == "U" and arr.size == 1:
         return decode_string(str(arr.reshape(())))
     if arr.dtype.kind not in "fiu" or arr.squeeze().ndim != 1:
-        raise SpeakerError(f"{path} holds {arr.dtype} data of shape {arr.shape}; a speaker file holds one vector "
-                           "or one speaker string")
+        raise SpeakerError(
+            f"{path} holds {arr.dtype} data of shape {arr.shape}; a speaker file holds one vector or one speaker string"
+        )
     return arr.astype(np.float32).reshape(-1)
 
 
@@ -195,9 +207,11 @@ def parse_speaker(speaker, voices=()):
         return read_file(speaker.strip())
     if looks_like_string(speaker):
         return decode_string(speaker)
-    raise SpeakerError(f"unknown speaker {speaker!r}: give one of this model's voices "
-                       f"({', '.join(sorted(voices)) or 'none'}), an integer seed, chattts-seed:N, a .pt/.npy/.txt "
-                       "file, or a ChatTTS speaker string")
+    raise SpeakerError(
+        f"unknown speaker {speaker!r}: give one of this model's voices "
+        f"({', '.join(sorted(voices)) or 'none'}), an integer seed, chattts-seed:N, a .pt/.npy/.txt "
+        "file, or a ChatTTS speaker string"
+    )
 
 
 def check_vector(vec, dim: int) -> np.ndarray:
@@ -207,8 +221,10 @@ def check_vector(vec, dim: int) -> np.ndarray:
         v = v.reshape(-1)
     if v.shape != (dim,):
         hint = " (ChatTTS's speakers have 768)" if dim != 768 else ""
-        raise SpeakerError(f"the speaker vector has shape {v.shape}, but this model's speakers have {dim} values"
-                           f"{hint}: it was made for another model")
+        raise SpeakerError(
+            f"the speaker vector has shape {v.shape}, but this model's speakers have {dim} values"
+            f"{hint}: it was made for another model"
+        )
     if not np.isfinite(v).all():
         raise SpeakerError("the speaker vector holds NaN or inf values")
     if not np.any(v):
@@ -222,7 +238,9 @@ def with_transcript(speaker, text: str | None):
         return speaker
     spec = parse_speaker(speaker)
     if not isinstance(spec, SampleSpeaker):
-        raise SpeakerError("--speaker-text is the transcript of a sample-audio speaker (ttsq speaker from-audio on a "
-                           "ChatTTS model); this speaker is a vector, which needs none")
+        raise SpeakerError(
+            "--speaker-text is the transcript of a sample-audio speaker (ttsq speaker from-audio on a "
+            "ChatTTS model); this speaker is a vector, which needs none"
+        )
     spec.text = text
     return spec

@@ -6,6 +6,7 @@ over just the window its final samples need (receptive radius on both sides), an
 no future state can change them. The concatenated stream equals the whole-utterance decode up to float rounding.
 On CUDA the rendering runs on a stream of its own, so it overlaps the GPT steps the engine has queued ahead.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -17,9 +18,9 @@ import torch
 from torch import Tensor
 
 from .models import TTSModel
+from .plan import render_stream
 from .prompt import encode_prompts
 from .sampling import SamplingParams
-from .plan import render_stream
 from .text import sentence_pieces
 
 
@@ -81,13 +82,15 @@ class StreamRenderer:
         s0, s1 = max(0, (m0 - self.r_dec) // 2), min(self.steps, math.ceil((m1 + self.r_dec) / 2))
         hidden = torch.cat(self.hidden)[s0:s1]
         self.hidden = [torch.cat(self.hidden)]
-        mel = self.model.hidden_to_mel(hidden[None])[..., m0 - 2 * s0: m1 - 2 * s0]
-        spec = self.model.vocos.spectrum(mel.to(self.model.vocos.embed.weight.dtype))[0, :, f0 - m0: f1 - m0]
+        mel = self.model.hidden_to_mel(hidden[None])[..., m0 - 2 * s0 : m1 - 2 * s0]
+        spec = self.model.vocos.spectrum(mel.to(self.model.vocos.embed.weight.dtype))[0, :, f0 - m0 : f1 - m0]
         frames_t = torch.fft.irfft(spec, n=self.n_fft, dim=0) * self.window[:, None]  # (n_fft, F)
         n = (f1 - f0 - 1) * hop + self.n_fft
         fold = dict(output_size=(1, n), kernel_size=(1, self.n_fft), stride=(1, hop))
         ola = torch.nn.functional.fold(frames_t[None], **fold).view(-1)
-        env = torch.nn.functional.fold((self.window ** 2)[None, :, None].expand(1, -1, f1 - f0).contiguous(), **fold).view(-1)
+        env = torch.nn.functional.fold(
+            (self.window**2)[None, :, None].expand(1, -1, f1 - f0).contiguous(), **fold
+        ).view(-1)
         start = f0 * hop - half  # sample index of ola[0]
         seg = slice(t0 - start, t1 - start)
         out = (ola[seg] / env[seg].clamp(min=1e-11)).float().cpu().numpy()
@@ -95,9 +98,19 @@ class StreamRenderer:
         return out
 
 
-def stream_text(synth, text: str, *, speaker=None, seed: int = 0, params: SamplingParams | None = None,
-                max_chars: int = 120, control_tokens: bool = False, refine: bool = False, refine_prompt: str = "",
-                refine_params: SamplingParams | None = None) -> Iterator[np.ndarray]:
+def stream_text(
+    synth,
+    text: str,
+    *,
+    speaker=None,
+    seed: int = 0,
+    params: SamplingParams | None = None,
+    max_chars: int = 120,
+    control_tokens: bool = False,
+    refine: bool = False,
+    refine_prompt: str = "",
+    refine_params: SamplingParams | None = None,
+) -> Iterator[np.ndarray]:
     """Yields float32 24 kHz audio pieces as the GPT produces states; sentence by sentence, each refined first
     with refine (as Synthesizer.synthesize's arguments of the same names)."""
     params = params or SamplingParams()
@@ -108,6 +121,7 @@ def stream_text(synth, text: str, *, speaker=None, seed: int = 0, params: Sampli
         with synth.memory_guard(1):
             emb, valid = encode_prompts(synth.model, [sentence], spk)
             renderer = StreamRenderer(synth.model)
-            chunks = synth.engine.stream(emb, valid, params, seed=seed + i, first_yield=renderer.first_audio_step,
-                                         lookahead=renderer.overlaps)
+            chunks = synth.engine.stream(
+                emb, valid, params, seed=seed + i, first_yield=renderer.first_audio_step, lookahead=renderer.overlaps
+            )
             yield from render_stream(chunks, renderer)

@@ -1,4 +1,5 @@
 """The one library API: model path + device + precision -> `synthesize(texts)` -> 24 kHz waveforms."""
+
 from __future__ import annotations
 
 import contextlib
@@ -57,6 +58,7 @@ def _is_out_of_memory(e: RuntimeError) -> bool:  # CUDA raises OutOfMemoryError,
 @dataclass
 class Segment:
     """One sentence of an utterance, with what the GPT produced for it (on the CPU)."""
+
     text: str
     codes: Tensor  # (n, Q) sampled codes before EOS
     hidden: Tensor  # (n, D) float32 states the Decoder read
@@ -102,6 +104,7 @@ def load_model(path: str | Path | None = None, device: torch.device | str = "cpu
     manifest = checkpoint.read_manifest(root)
     if manifest.get("precision", "fp32") != "fp32" or "recipe" in manifest:
         from .precision.artifact import load_artifact
+
         model = load_artifact(root, manifest, device)
     else:
         model = checkpoint.load_ttsq(root, manifest)
@@ -111,9 +114,17 @@ def load_model(path: str | Path | None = None, device: torch.device | str = "cpu
 
 
 class Synthesizer:
-    def __init__(self, model: str | Path | TTSModel | None = None, device: str | None = None,
-                 precision: str | None = None, *, warmup: bool = False, compile: bool = False,
-                 kernels: bool | None = None, **recipe_options):
+    def __init__(
+        self,
+        model: str | Path | TTSModel | None = None,
+        device: str | None = None,
+        precision: str | None = None,
+        *,
+        warmup: bool = False,
+        compile: bool = False,
+        kernels: bool | None = None,
+        **recipe_options,
+    ):
         """compile: torch.compile the decode step of batches the Triton kernels do not take (costs a compile of
         seconds at the first request of each batch size and cache bucket, so pair it with warmup).
         kernels: the Triton decode step (toolkit/kernels.py) at batch <= 2: None uses it on CUDA where it runs,
@@ -125,6 +136,7 @@ class Synthesizer:
         self.model.to(self.device)
         if precision is not None:
             from .precision import quantize
+
             quantize(self.model, precision, device=self.device, **recipe_options)
         self.precision = precision or getattr(self.model, "precision", "fp32")
         self.engine = Engine(self.model.gpt, compile=compile, kernels=kernels)
@@ -139,7 +151,9 @@ class Synthesizer:
         for b in batch_sizes:
             with warnings.catch_warnings():  # "reached max_new_tokens": meant to, here
                 warnings.simplefilter("ignore")
-                self.synthesize(["warm up."] * b, batch_size=b, params=SamplingParams(max_new_tokens=n, min_new_tokens=n))
+                self.synthesize(
+                    ["warm up."] * b, batch_size=b, params=SamplingParams(max_new_tokens=n, min_new_tokens=n)
+                )
 
     def _fallback(self, stage: str) -> torch.nn.Module:
         """An fp32 copy of a half-precision stage that produced inf/NaN (made once, then reused)."""
@@ -148,8 +162,12 @@ class Synthesizer:
         if dtype not in (torch.float16, torch.bfloat16):
             raise NumericalError(f"the {stage} produced NaN/inf at {dtype}; the checkpoint itself may be broken")
         if stage not in self._fp32:
-            warnings.warn(f"the {stage} overflowed in {str(dtype).removeprefix('torch.')}: this stage now runs "
-                          "in fp32 (the rest keeps its precision)", RuntimeWarning, stacklevel=3)
+            warnings.warn(
+                f"the {stage} overflowed in {str(dtype).removeprefix('torch.')}: this stage now runs "
+                "in fp32 (the rest keeps its precision)",
+                RuntimeWarning,
+                stacklevel=3,
+            )
             self._fp32[stage] = copy.deepcopy(module).float()
         return self._fp32[stage]
 
@@ -167,10 +185,12 @@ class Synthesizer:
                 torch.cuda.empty_cache()
                 have, total = torch.cuda.mem_get_info(self.device)
                 free = f"; {have / 2**30:.1f} of {total / 2**30:.1f} GiB free now"
-            raise OutOfMemory(f"{self.device} ran out of memory on a batch of {batch} sentence(s){free}. Pass a "
-                              "smaller batch_size (--batch-size), shorter texts or max_new_tokens, or a smaller "
-                              "precision (int8, int4); this synthesizer has released its buffers and serves the "
-                              "next request") from None
+            raise OutOfMemory(
+                f"{self.device} ran out of memory on a batch of {batch} sentence(s){free}. Pass a "
+                "smaller batch_size (--batch-size), shorter texts or max_new_tokens, or a smaller "
+                "precision (int8, int4); this synthesizer has released its buffers and serves the "
+                "next request"
+            ) from None
 
     def _generate(self, emb: Tensor, valid: Tensor, params: SamplingParams, seed: int, should_stop):
         gen = self.engine.generate(emb, valid, params, seed=seed, should_stop=should_stop)
@@ -226,22 +246,37 @@ class Synthesizer:
         check_prompt(self.model.tokenizer, prompt)
 
     @torch.inference_mode()
-    def refine_sentences(self, sentences: Sequence[str], prompt: str = "", params: SamplingParams | None = None,
-                         seed: int = 0, should_stop: Callable[[], bool] | None = None) -> list[str]:
+    def refine_sentences(
+        self,
+        sentences: Sequence[str],
+        prompt: str = "",
+        params: SamplingParams | None = None,
+        seed: int = 0,
+        should_stop: Callable[[], bool] | None = None,
+    ) -> list[str]:
         """One batch of sentences -> their texts as ChatTTS's refine_text rewrites them (toolkit.refine): the
         engine generates text tokens through the GPT's text head until [Ebreak]."""
         self.check_refine(prompt)
         params = params or refine_params()
         with self.memory_guard(len(sentences)):
             emb, valid = encode_refine_prompts(self.model, sentences, prompt)
-            gen = self.engine.generate(emb, valid, params, seed=seed, should_stop=should_stop,
-                                       text_eos=self.model.tokenizer.token_id(EOS))
+            gen = self.engine.generate(
+                emb, valid, params, seed=seed, should_stop=should_stop, text_eos=self.model.tokenizer.token_id(EOS)
+            )
         rows = [gen.codes[j, : int(gen.lengths[j]), 0].tolist() for j in range(len(sentences))]
         return refined_texts(self.model.tokenizer, sentences, rows, gen.finished.tolist(), params.max_new_tokens)
 
-    def refine(self, texts: str | Sequence[str], *, prompt: str = "", seed: int = 0,
-               params: SamplingParams | None = None, batch_size: int = 8, max_chars: int = 120,
-               control_tokens: bool = False) -> list[str]:
+    def refine(
+        self,
+        texts: str | Sequence[str],
+        *,
+        prompt: str = "",
+        seed: int = 0,
+        params: SamplingParams | None = None,
+        batch_size: int = 8,
+        max_chars: int = 120,
+        control_tokens: bool = False,
+    ) -> list[str]:
         """Each text refined as synthesize(refine=True) would refine it (same sentences, batches and seeds):
         one string per text, its refined sentences joined by spaces."""
         plan = Plan.make(texts, batch_size, max_chars, control_tokens)
@@ -249,11 +284,22 @@ class Synthesizer:
         return refine_plan(plan, lambda sentences, b: self.refine_sentences(sentences, prompt, params, seed + b))
 
     @torch.inference_mode()
-    def synthesize(self, texts: str | Sequence[str], *, speaker=None, seed: int = 0,
-                   params: SamplingParams | None = None, batch_size: int = 8, max_chars: int = 120,
-                   control_tokens: bool = False, progress: Callable[[int, int], None] | None = None,
-                   should_stop: Callable[[], bool] | None = None, refine: bool = False, refine_prompt: str = "",
-                   refine_params: SamplingParams | None = None) -> list[Utterance]:
+    def synthesize(
+        self,
+        texts: str | Sequence[str],
+        *,
+        speaker=None,
+        seed: int = 0,
+        params: SamplingParams | None = None,
+        batch_size: int = 8,
+        max_chars: int = 120,
+        control_tokens: bool = False,
+        progress: Callable[[int, int], None] | None = None,
+        should_stop: Callable[[], bool] | None = None,
+        refine: bool = False,
+        refine_prompt: str = "",
+        refine_params: SamplingParams | None = None,
+    ) -> list[Utterance]:
         """Each text is split into sentences, sentences are batched with padding, and the audio of each
         text is returned whole. `progress(done, total)` is called per batch of sentences. `[laugh]`-style
         tokens in the text are read as text unless control_tokens.
@@ -297,9 +343,17 @@ class Synthesizer:
             if should_stop is not None and should_stop():
                 raise InterruptedError("synthesis cancelled")
         timing["total"] = time.perf_counter() - t_start
-        return [Utterance(np.concatenate([wavs[k] for k in ks]), self.sample_rate, sum(steps[k] for k in ks),
-                          any(limit[k] for k in ks), dict(timing), [segs[k] for k in ks])
-                for ks in plan.per_text(limit)]
+        return [
+            Utterance(
+                np.concatenate([wavs[k] for k in ks]),
+                self.sample_rate,
+                sum(steps[k] for k in ks),
+                any(limit[k] for k in ks),
+                dict(timing),
+                [segs[k] for k in ks],
+            )
+            for ks in plan.per_text(limit)
+        ]
 
     @torch.inference_mode()
     def teacher_force(self, segment: Segment, speaker=None) -> Tensor:
@@ -309,9 +363,10 @@ class Synthesizer:
         T, n = emb.shape[1], segment.codes.shape[0]
         x = torch.cat([emb, gpt.embed_codes(segment.codes[None].to(self.device)).to(emb.dtype)], 1)
         h = gpt.forward_full(x.to(gpt.norm.weight.dtype), torch.ones(x.shape[:2], dtype=torch.bool, device=self.device))
-        return gpt.code_logits(h[0, T - 1: T - 1 + n]).float().cpu()
+        return gpt.code_logits(h[0, T - 1 : T - 1 + n]).float().cpu()
 
     def stream(self, text: str, **kwargs) -> Iterator[np.ndarray]:
         """Yields audio as it is generated (see toolkit.streaming)."""
         from .streaming import stream_text
+
         return stream_text(self, text, **kwargs)

@@ -1,4 +1,5 @@
 """Text handling before tokenization: normalisation, control tokens, sentence splitting, the prompt layout."""
+
 from __future__ import annotations
 
 import re

@@ -49,7 +49,7 @@ LENGTHS: tuple[str, ...] = ("short", "medium", "long")
 FIELDS: tuple[str, ...] = ("id", "text", "language", "length", "speaker")
 """Required fields, all strings (``speaker`` may be an integer seed), no others allowed."""
 
-SEED_RANGE = (-2**63, 2**64 - 1)
+SEED_RANGE = (-(2**63), 2**64 - 1)
 """Integer speaker seeds torch's generators accept."""
 
 MAX_LISTED_ERRORS = 20
@@ -102,8 +102,15 @@ def _reject_constant(name: str) -> Any:
     raise ValueError(f"{name} is not valid JSON")
 
 
-_JSON_TYPE = {dict: "object", list: "array", str: "string", int: "number",
-              float: "number", bool: "boolean", type(None): "null"}
+_JSON_TYPE = {
+    dict: "object",
+    list: "array",
+    str: "string",
+    int: "number",
+    float: "number",
+    bool: "boolean",
+    type(None): "null",
+}
 
 
 def _json_type(value: Any) -> str:
@@ -117,31 +124,35 @@ def _has_surrogate(s: str) -> bool:
 def _check_record(obj: Any) -> list[str]:
     """Problems of one decoded line (empty list when it is a valid record)."""
     if not isinstance(obj, dict):
-        return [f"record is a JSON {_json_type(obj)}, not an object; write one "
-                f"object per line with fields {', '.join(FIELDS)}"]
+        return [
+            f"record is a JSON {_json_type(obj)}, not an object; write one "
+            f"object per line with fields {', '.join(FIELDS)}"
+        ]
     msgs: list[str] = []
     missing = [f for f in FIELDS if f not in obj]
     extra = sorted(k for k in obj if k not in FIELDS)
     if missing:
-        msgs.append(f"missing field(s) {', '.join(missing)}; every record needs "
-                    f"{', '.join(FIELDS)}")
+        msgs.append(f"missing field(s) {', '.join(missing)}; every record needs {', '.join(FIELDS)}")
     if extra:
-        msgs.append(f"unknown field(s) {', '.join(map(repr, extra))}; remove them "
-                    f"(allowed: {', '.join(FIELDS)})")
+        msgs.append(f"unknown field(s) {', '.join(map(repr, extra))}; remove them (allowed: {', '.join(FIELDS)})")
     for field in FIELDS:
         if field not in obj:
             continue
         value = obj[field]
         if field == "speaker" and type(value) is int:  # a seed, as --speaker 7 takes it (JSON true is no seed)
             if not SEED_RANGE[0] <= value <= SEED_RANGE[1]:
-                msgs.append(f"speaker seed {value} is out of range; use an integer from {SEED_RANGE[0]} to "
-                            f"{SEED_RANGE[1]}")
+                msgs.append(
+                    f"speaker seed {value} is out of range; use an integer from {SEED_RANGE[0]} to {SEED_RANGE[1]}"
+                )
         elif not isinstance(value, str):
-            msgs.append(f"field {field!r} is a JSON {_json_type(value)}, must be a string"
-                        + (" or an integer seed" if field == "speaker" else ""))
+            msgs.append(
+                f"field {field!r} is a JSON {_json_type(value)}, must be a string"
+                + (" or an integer seed" if field == "speaker" else "")
+            )
         elif _has_surrogate(value):
-            msgs.append(f"field {field!r} contains an unpaired surrogate escape (\\ud800-\\udfff); "
-                        "use real Unicode characters")
+            msgs.append(
+                f"field {field!r} contains an unpaired surrogate escape (\\ud800-\\udfff); use real Unicode characters"
+            )
         elif not value.strip():
             what = "text" if field == "text" else "value"
             msgs.append(f"field {field!r} is empty or whitespace only; give it a non-empty {what}")
@@ -158,11 +169,13 @@ def load_text_set(path: str | Path) -> list[TextRecord]:
     try:
         data = path.read_bytes()
     except FileNotFoundError:
-        raise TextSetError(path, [(0, "file not found; check the path (text sets live in "
-                                      "calibration_sets/)")]) from None
+        raise TextSetError(
+            path, [(0, "file not found; check the path (text sets live in calibration_sets/)")]
+        ) from None
     except OSError as exc:
-        raise TextSetError(path, [(0, f"cannot read file ({exc.strerror or exc}); "
-                                      "pass a readable JSONL file")]) from None
+        raise TextSetError(
+            path, [(0, f"cannot read file ({exc.strerror or exc}); pass a readable JSONL file")]
+        ) from None
 
     problems: list[tuple[int, str]] = []
     records: list[TextRecord] = []
@@ -176,14 +189,18 @@ def load_text_set(path: str | Path) -> list[TextRecord]:
         try:
             line = raw.decode("utf-8")
         except UnicodeDecodeError as exc:
-            problems.append((lineno, f"not valid UTF-8 at byte offset {line_start + exc.start} "
-                                     f"(byte 0x{raw[exc.start]:02x}); re-save the file as UTF-8"))
+            problems.append(
+                (
+                    lineno,
+                    f"not valid UTF-8 at byte offset {line_start + exc.start} "
+                    f"(byte 0x{raw[exc.start]:02x}); re-save the file as UTF-8",
+                )
+            )
             continue
         if not line.strip():
             continue
         try:
-            obj = json.loads(line, object_pairs_hook=_no_duplicate_keys,
-                             parse_constant=_reject_constant)
+            obj = json.loads(line, object_pairs_hook=_no_duplicate_keys, parse_constant=_reject_constant)
         except (ValueError, RecursionError) as exc:
             problems.append((lineno, f"bad JSON ({exc}); each non-blank line must be one JSON object"))
             continue
@@ -195,9 +212,14 @@ def load_text_set(path: str | Path) -> list[TextRecord]:
             obj["speaker"] = f"seed:{obj['speaker']}"
         rec = TextRecord(**{f: obj[f] for f in FIELDS})
         if rec.id in first_line_of:
-            problems.append((lineno, f"duplicate id {rec.id!r} (first used on line "
-                                     f"{first_line_of[rec.id]}, again on line {lineno}); "
-                                     "ids must be unique within a file"))
+            problems.append(
+                (
+                    lineno,
+                    f"duplicate id {rec.id!r} (first used on line "
+                    f"{first_line_of[rec.id]}, again on line {lineno}); "
+                    "ids must be unique within a file",
+                )
+            )
             continue
         first_line_of[rec.id] = lineno
         records.append(rec)
@@ -224,8 +246,7 @@ def summarize(records: Iterable[TextRecord]) -> dict[str, dict[str, int]]:
 
 def format_summary(counts: dict[str, dict[str, int]]) -> str:
     """Markdown table of :func:`summarize` output with row and column totals."""
-    lines = ["| language | " + " | ".join(LENGTHS) + " | total |",
-             "|---|" + "---:|" * (len(LENGTHS) + 1)]
+    lines = ["| language | " + " | ".join(LENGTHS) + " | total |", "|---|" + "---:|" * (len(LENGTHS) + 1)]
     col = dict.fromkeys(LENGTHS, 0)
     for lang in LANGUAGES:
         row = counts.get(lang, {})
@@ -233,15 +254,14 @@ def format_summary(counts: dict[str, dict[str, int]]) -> str:
         for length, n in zip(LENGTHS, cells):
             col[length] += n
         lines.append(f"| {lang} | " + " | ".join(map(str, cells)) + f" | {sum(cells)} |")
-    lines.append("| total | " + " | ".join(str(col[length]) for length in LENGTHS)
-                 + f" | {sum(col.values())} |")
+    lines.append("| total | " + " | ".join(str(col[length]) for length in LENGTHS) + f" | {sum(col.values())} |")
     return "\n".join(lines)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m toolkit.textsets",
-        description="Validate JSONL text sets and print language x length counts.")
+        prog="python -m toolkit.textsets", description="Validate JSONL text sets and print language x length counts."
+    )
     parser.add_argument("files", nargs="+", metavar="FILE", help="JSONL text set(s)")
     args = parser.parse_args(argv)
     status = 0

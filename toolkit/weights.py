@@ -1,5 +1,6 @@
 """What kind of weight a tensor is: torchao's weight-only tensor subclasses told apart by name, so that the engine
 and the Triton kernels can ask without importing torchao or the precision recipes (which sit above them)."""
+
 from __future__ import annotations
 
 import torch

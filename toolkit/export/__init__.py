@@ -8,6 +8,7 @@ decoder.onnx, vocos.onnx (mel -> complex spectrum; the ISTFT runs in numpy), tok
 voices/*.npy and onnx_manifest.json; and text_head.onnx (GPT state -> text logits, for refine) where the model
 has a trained text head (a ChatTTS checkpoint). See README.md in this folder.
 """
+
 from __future__ import annotations
 
 import json
@@ -30,6 +31,7 @@ __all__ = ["export_onnx", "MANIFEST", "OPSET"]
 
 def _io(path: Path) -> dict:
     import onnx
+
     m = onnx.load(str(path), load_external_data=False)
 
     def desc(v):
@@ -38,12 +40,16 @@ def _io(path: Path) -> dict:
         return {"name": v.name, "shape": dims, "dtype": onnx.helper.tensor_dtype_to_np_dtype(t.elem_type).name}
 
     inits = {i.name for i in m.graph.initializer}
-    return {"inputs": [desc(v) for v in m.graph.input if v.name not in inits], "outputs": [desc(v) for v in m.graph.output]}
+    return {
+        "inputs": [desc(v) for v in m.graph.input if v.name not in inits],
+        "outputs": [desc(v) for v in m.graph.output],
+    }
 
 
 def _record_activations(model, model_dir, calib_set, limit: int, max_steps: int, progress=None):
     """Run the torch model on calibration texts; record the Decoder's and Vocos's inputs."""
     import torch
+
     from ..sampling import SamplingParams
     from ..synthesizer import Synthesizer
     from ..textsets import load_text_set, set_hash
@@ -71,9 +77,17 @@ def _record_activations(model, model_dir, calib_set, limit: int, max_steps: int,
     return dec, voc, meta
 
 
-def export_onnx(model_path, precision: str, out, *, calib_set=None, force: bool = False,
-                progress: Callable[[str, int, int], None] | None = None, calib_limit: int = 16,
-                calib_steps: int = 64) -> Path:
+def export_onnx(
+    model_path,
+    precision: str,
+    out,
+    *,
+    calib_set=None,
+    force: bool = False,
+    progress: Callable[[str, int, int], None] | None = None,
+    calib_limit: int = 16,
+    calib_steps: int = 64,
+) -> Path:
     """Export `model_path` (a ttsq folder or an official ChatTTS folder; None = the shipped voice) at `precision`
     (fp32, fp16, int8, int4, int4-hqq, int4-b128, int4-hqq-b128) to the folder `out`, atomically.
     `calib_set` (a JSONL text set) switches the int8 Decoder/Vocos to static QDQ calibrated on recorded
@@ -81,10 +95,10 @@ def export_onnx(model_path, precision: str, out, *, calib_set=None, force: bool 
     import torch
 
     from ..fileio import OutputExistsError, atomic_dir
+    from ..refine import RefineError, check_refinable
     from ..synthesizer import DEFAULT_MODEL, load_model
     from . import quantize as q
     from .decoder import export_decoder
-    from ..refine import RefineError, check_refinable
     from .gpt import export_gpt, export_text_head
     from .vocos import export_vocos
 
@@ -123,8 +137,9 @@ def export_onnx(model_path, precision: str, out, *, calib_set=None, force: bool 
         feeds = None
         calib_meta = None
         if kind == "int8" and calib_set is not None:
-            dec_feeds, voc_feeds, calib_meta = _record_activations(model, model_path, calib_set, calib_limit,
-                                                                   calib_steps, progress)
+            dec_feeds, voc_feeds, calib_meta = _record_activations(
+                model, model_path, calib_set, calib_limit, calib_steps, progress
+            )
             feeds = {"decoder": dec_feeds, "vocos": voc_feeds}
         for i, g in enumerate(graphs):
             step(stages[3], i, len(graphs))
@@ -159,10 +174,11 @@ def export_onnx(model_path, precision: str, out, *, calib_set=None, force: bool 
 
 
 def _manifest(model, spec, quant, folder: Path, voices, calib_meta, source, graphs=GRAPHS) -> dict:
+    import dataclasses
+
     from ..checkpoint import sha256_file
     from ..sampling import SamplingParams
     from ..synthesizer import source_name
-    import dataclasses
 
     tok = model.tokenizer
     files = {}
@@ -171,21 +187,36 @@ def _manifest(model, spec, quant, folder: Path, voices, calib_meta, source, grap
         files[rel] = {"bytes": f.stat().st_size, "sha256": sha256_file(f)}
     g = model.cfg.gpt
     return {
-        "format": FORMAT, "format_version": FORMAT_VERSION, "precision": spec["name"], "opset": OPSET,
+        "format": FORMAT,
+        "format_version": FORMAT_VERSION,
+        "precision": spec["name"],
+        "opset": OPSET,
         "source": source_name(source),
-        "graphs": {name: {"file": f"{name}.onnx", **_io(folder / f"{name}.onnx"), "quantization": quant[name]}
-                   for name in graphs},
-        "decode": {"cache": "grown: present_* (B,H,P+T,K) of one call is the next call's past_*",
-                   "prefill": "ids = text ids on all Q channels, text_mask True, past length 0",
-                   "step": "ids = the sampled codes (B,1,Q), text_mask False, key_valid appended with True",
-                   "hidden": "the state each code is sampled from; the Decoder reads these"},
-        "istft": {"where": "numpy", "n_fft": model.cfg.vocos.n_fft, "hop": model.cfg.vocos.hop,
-                  "window": "hann", "center": True},
+        "graphs": {
+            name: {"file": f"{name}.onnx", **_io(folder / f"{name}.onnx"), "quantization": quant[name]}
+            for name in graphs
+        },
+        "decode": {
+            "cache": "grown: present_* (B,H,P+T,K) of one call is the next call's past_*",
+            "prefill": "ids = text ids on all Q channels, text_mask True, past length 0",
+            "step": "ids = the sampled codes (B,1,Q), text_mask False, key_valid appended with True",
+            "hidden": "the state each code is sampled from; the Decoder reads these",
+        },
+        "istft": {
+            "where": "numpy",
+            "n_fft": model.cfg.vocos.n_fft,
+            "hop": model.cfg.vocos.hop,
+            "window": "hann",
+            "center": True,
+        },
         "streaming": {"decoder_radius": model.decoder.receptive_radius, "vocos_radius": model.vocos.receptive_radius},
         "config": model.cfg.to_dict(),
         "tokenizer": "tokenizer.json",
-        "special_tokens": {t: tok.token_id(t) for t in ("[spk_emb]", "[Stts]", "[Ptts]", "[speed_5]", "[Sbreak]",
-                                                        "[Pbreak]", "[Ebreak]", "[break_0]") if tok.has(t)},
+        "special_tokens": {
+            t: tok.token_id(t)
+            for t in ("[spk_emb]", "[Stts]", "[Ptts]", "[speed_5]", "[Sbreak]", "[Pbreak]", "[Ebreak]", "[break_0]")
+            if tok.has(t)
+        },
         "text_head": getattr(model, "text_head", True),
         "pad_id": tok.pad_id,
         "spk_stat": "spk_stat.npy",

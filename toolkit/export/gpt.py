@@ -14,6 +14,7 @@ Outputs:
   present_k_i / present_v_i (B, H, P+T, K): the cache grown by T (fed back as the next past)
 New query t (absolute slot P+t) sees key s if key_valid[s] and s <= P+t, and always itself: the torch engine's mask.
 """
+
 from __future__ import annotations
 
 import torch
@@ -28,8 +29,16 @@ class GPTStep(nn.Module):
         self.gpt = gpt
         self.cfg = gpt.cfg
 
-    def forward(self, ids: Tensor, text_mask: Tensor, speaker: Tensor, spk_mask: Tensor, rope_pos: Tensor,
-                key_valid: Tensor, *past: Tensor):
+    def forward(
+        self,
+        ids: Tensor,
+        text_mask: Tensor,
+        speaker: Tensor,
+        spk_mask: Tensor,
+        rope_pos: Tensor,
+        key_valid: Tensor,
+        *past: Tensor,
+    ):
         gpt, cfg = self.gpt, self.cfg
         B, T = ids.shape[0], ids.shape[1]
         H, K = cfg.heads, cfg.head_dim
@@ -46,7 +55,7 @@ class GPTStep(nn.Module):
         causal = slots[None, :] <= qpos[:, None]
         itself = slots[None, :] == qpos[:, None]
         mask = (key_valid[:, None, None, :] & causal) | itself  # (B, 1, T, S)
-        scale = K ** -0.5
+        scale = K**-0.5
         presents = []
         for i, layer in enumerate(gpt.layers):
             att = layer.attention
@@ -87,9 +96,17 @@ class TextHead(nn.Module):
 
 def export_text_head(gpt: GPT, path, opset: int) -> None:
     with torch.no_grad():
-        torch.onnx.export(TextHead(gpt).eval(), (torch.randn(2, gpt.cfg.hidden),), str(path), input_names=["hidden"],
-                          output_names=["logits"], dynamic_axes={"hidden": {0: "batch"}, "logits": {0: "batch"}},
-                          opset_version=opset, dynamo=False, do_constant_folding=True)
+        torch.onnx.export(
+            TextHead(gpt).eval(),
+            (torch.randn(2, gpt.cfg.hidden),),
+            str(path),
+            input_names=["hidden"],
+            output_names=["logits"],
+            dynamic_axes={"hidden": {0: "batch"}, "logits": {0: "batch"}},
+            opset_version=opset,
+            dynamo=False,
+            do_constant_folding=True,
+        )
 
 
 def export_gpt(gpt: GPT, path, opset: int) -> None:
@@ -97,15 +114,37 @@ def export_gpt(gpt: GPT, path, opset: int) -> None:
     B, T, P = 2, 5, 3
     H, K, Q, D = cfg.heads, cfg.head_dim, cfg.num_vq, cfg.hidden
     ids = torch.randint(0, 10, (B, T, Q))
-    args = (ids, torch.ones(B, T, dtype=torch.bool), torch.randn(B, D), torch.zeros(B, T, dtype=torch.bool),
-            torch.arange(P, P + T).repeat(B, 1), torch.ones(B, P + T, dtype=torch.bool),
-            *[torch.randn(B, H, P, K) for _ in range(2 * cfg.layers)])
+    args = (
+        ids,
+        torch.ones(B, T, dtype=torch.bool),
+        torch.randn(B, D),
+        torch.zeros(B, T, dtype=torch.bool),
+        torch.arange(P, P + T).repeat(B, 1),
+        torch.ones(B, P + T, dtype=torch.bool),
+        *[torch.randn(B, H, P, K) for _ in range(2 * cfg.layers)],
+    )
     inputs, outputs = io_names(cfg.layers)
-    axes = {"ids": {0: "batch", 1: "new"}, "text_mask": {0: "batch", 1: "new"}, "speaker": {0: "batch"},
-            "spk_mask": {0: "batch", 1: "new"}, "rope_pos": {0: "batch", 1: "new"},
-            "key_valid": {0: "batch", 1: "total"}, "logits": {0: "batch"}, "hidden": {0: "batch"}}
+    axes = {
+        "ids": {0: "batch", 1: "new"},
+        "text_mask": {0: "batch", 1: "new"},
+        "speaker": {0: "batch"},
+        "spk_mask": {0: "batch", 1: "new"},
+        "rope_pos": {0: "batch", 1: "new"},
+        "key_valid": {0: "batch", 1: "total"},
+        "logits": {0: "batch"},
+        "hidden": {0: "batch"},
+    }
     axes.update({n: {0: "batch", 2: "past"} for n in inputs[6:]})
     axes.update({n: {0: "batch", 2: "total"} for n in outputs[2:]})
     with torch.no_grad():
-        torch.onnx.export(GPTStep(gpt).eval(), args, str(path), input_names=inputs, output_names=outputs,
-                          dynamic_axes=axes, opset_version=opset, dynamo=False, do_constant_folding=True)
+        torch.onnx.export(
+            GPTStep(gpt).eval(),
+            args,
+            str(path),
+            input_names=inputs,
+            output_names=outputs,
+            dynamic_axes=axes,
+            opset_version=opset,
+            dynamo=False,
+            do_constant_folding=True,
+        )

@@ -3,6 +3,7 @@
 The ISTFT runs outside the graph, in numpy (`toolkit.runtime.dsp.istft`): see toolkit/export/README.md for the
 measurement against the in-graph variant (`build_istft_graph`: inverse-DFT MatMul + ConvTranspose1d overlap-add),
 which is kept here for that measurement."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -32,9 +33,17 @@ def export_vocos(model: TTSModel, path, opset: int) -> None:
     mel = torch.randn(1, model.cfg.vocos.n_mels, 9)
     axes = {"mel": {0: "batch", 2: "frames"}, "real": {0: "batch", 2: "frames"}, "imag": {0: "batch", 2: "frames"}}
     with torch.no_grad():
-        torch.onnx.export(MelToSpectrum(model).eval(), (mel,), str(path), input_names=["mel"],
-                          output_names=["real", "imag"], dynamic_axes=axes, opset_version=opset, dynamo=False,
-                          do_constant_folding=True)
+        torch.onnx.export(
+            MelToSpectrum(model).eval(),
+            (mel,),
+            str(path),
+            input_names=["mel"],
+            output_names=["real", "imag"],
+            dynamic_axes=axes,
+            opset_version=opset,
+            dynamo=False,
+            do_constant_folding=True,
+        )
 
 
 class GraphISTFT(nn.Module):
@@ -50,7 +59,7 @@ class GraphISTFT(nn.Module):
         self.register_buffer("cr", torch.tensor(c * np.cos(ang) * w, dtype=torch.float32))  # (bins, n_fft)
         self.register_buffer("ci", torch.tensor(-c * np.sin(ang) * w, dtype=torch.float32))
         self.register_buffer("eye", torch.eye(n_fft, dtype=torch.float32)[:, None, :])  # (n_fft, 1, n_fft)
-        self.register_buffer("w2", torch.tensor(w ** 2, dtype=torch.float32)[None, :, None])
+        self.register_buffer("w2", torch.tensor(w**2, dtype=torch.float32)[None, :, None])
         self.n_fft, self.hop = n_fft, hop
 
     def forward(self, real: Tensor, imag: Tensor) -> Tensor:
@@ -59,7 +68,7 @@ class GraphISTFT(nn.Module):
         env = nn.functional.conv_transpose1d(self.w2.expand(1, -1, frames.shape[2]), self.eye, stride=self.hop)[:, 0]
         half = self.n_fft // 2
         n = self.hop * (frames.shape[2] - 1)
-        return ola[:, half:half + n] / env[:, half:half + n].clamp(min=1e-11)
+        return ola[:, half : half + n] / env[:, half : half + n].clamp(min=1e-11)
 
 
 def build_istft_graph(n_fft: int, hop: int, path, opset: int = 17) -> None:
@@ -67,5 +76,13 @@ def build_istft_graph(n_fft: int, hop: int, path, opset: int = 17) -> None:
     r, i = torch.randn(1, bins, 9), torch.randn(1, bins, 9)
     axes = {"real": {0: "batch", 2: "frames"}, "imag": {0: "batch", 2: "frames"}, "wav": {0: "batch", 1: "samples"}}
     with torch.no_grad():
-        torch.onnx.export(GraphISTFT(n_fft, hop).eval(), (r, i), str(path), input_names=["real", "imag"],
-                          output_names=["wav"], dynamic_axes=axes, opset_version=opset, dynamo=False)
+        torch.onnx.export(
+            GraphISTFT(n_fft, hop).eval(),
+            (r, i),
+            str(path),
+            input_names=["real", "imag"],
+            output_names=["wav"],
+            dynamic_axes=axes,
+            opset_version=opset,
+            dynamo=False,
+        )

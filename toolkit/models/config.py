@@ -1,4 +1,5 @@
 """Model dimensions as small dataclasses. Defaults are ChatTTS's; `tiny()` is for tests."""
+
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, fields
@@ -29,6 +30,7 @@ class GPTConfig:
 @dataclass
 class ConvStackConfig:
     """ConvNeXt stack that maps features to a 100-bin mel (ChatTTS's Decoder and DVAE decoder)."""
+
     idim: int = 384
     odim: int = 384
     hidden: int = 512
@@ -97,8 +99,9 @@ class ModelConfig:
 def tiny(num_text_tokens: int = 1024) -> ModelConfig:
     """A few-MB model with every code path of the full one, for tests."""
     return ModelConfig(
-        gpt=GPTConfig(hidden=64, layers=2, heads=4, intermediate=128, max_positions=512,
-                      num_text_tokens=num_text_tokens),
+        gpt=GPTConfig(
+            hidden=64, layers=2, heads=4, intermediate=128, max_positions=512, num_text_tokens=num_text_tokens
+        ),
         decoder=ConvStackConfig(idim=32, odim=32, hidden=64, layers=2, bn_dim=16),
         dvae=ConvStackConfig(idim=32, odim=32, hidden=64, layers=2, bn_dim=16),
         gfsq=GFSQConfig(dim=64),

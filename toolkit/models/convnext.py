@@ -1,4 +1,5 @@
 """The ConvNeXt block shared by the Decoder, the DVAE decoder and the Vocos backbone. x is (B, C, T)."""
+
 from __future__ import annotations
 
 import torch

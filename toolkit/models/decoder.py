@@ -1,5 +1,6 @@
 """Feature-to-mel ConvNeXt stacks: the Decoder (GPT hidden states -> mel, ChatTTS's default path) and
 the DVAE decoder (4-codebook codes -> GFSQ features -> mel). Both emit 2 mel frames per GPT step."""
+
 from __future__ import annotations
 
 import torch

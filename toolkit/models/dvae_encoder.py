@@ -3,6 +3,7 @@
 - DVAEEncoder: ChatTTS's (its DVAE's encode direction; speakers from sample audio, `spk_smp`);
 - VoiceEncoder: the one ttsq's voice lab trained with the shipped voice (toolkit.voice.train).
 """
+
 from __future__ import annotations
 
 import torch
@@ -54,8 +55,9 @@ class DVAEEncoder(nn.Module):
         self.logmel = LogMel(vocos or VocosConfig())  # the checkpoint's filterbank replaces its own (load_dvae_encoder)
         n_mels = self.logmel.cfg.n_mels
         self.register_buffer("coef", torch.ones(1, n_mels, 1))
-        self.downsample = nn.Sequential(nn.Conv1d(n_mels, dim, 3, 1, 1), nn.GELU(), nn.Conv1d(dim, dim, 4, 2, 1),
-                                        nn.GELU())
+        self.downsample = nn.Sequential(
+            nn.Conv1d(n_mels, dim, 3, 1, 1), nn.GELU(), nn.Conv1d(dim, dim, 4, 2, 1), nn.GELU()
+        )
         self.body = ConvBody(body)
         self.gfsq = GFSQEncoder(gfsq)
 
@@ -96,7 +98,7 @@ def quantise(z: Tensor, residuals: int, levels: int = 5) -> tuple[Tensor, Tensor
     digits = []
     target = z
     for r in range(residuals):
-        scale = levels ** -r  # as GFSQ.forward (chattts 0.2.5 parity): residual r at 5 ** -r
+        scale = levels**-r  # as GFSQ.forward (chattts 0.2.5 parity): residual r at 5 ** -r
         d = torch.clamp(torch.round(target / scale * half), -half, half)
         digits.append((d + half).long())
         value = value + d / half * scale

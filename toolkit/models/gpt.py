@@ -2,6 +2,7 @@
 
 Shapes: B batch, T new positions, S cache length, D hidden, H heads, K head dim, Q codebooks, V codes per book.
 """
+
 from __future__ import annotations
 
 from typing import Callable
@@ -91,8 +92,9 @@ class Block(nn.Module):
         return x + self.feed_forward(self.ffn_norm(x))
 
 
-def call_block(block: Block, x: Tensor, cos: Tensor, sin: Tensor, mask: Tensor, input_pos: Tensor,
-               use_cache: bool) -> Tensor:
+def call_block(
+    block: Block, x: Tensor, cos: Tensor, sin: Tensor, mask: Tensor, input_pos: Tensor, use_cache: bool
+) -> Tensor:
     """A block call as a plain function: compiled once, it serves every layer (same code, same shapes)."""
     return block(x, cos, sin, mask, input_pos, use_cache)
 
@@ -160,8 +162,15 @@ class GPT(nn.Module):
         rope = (valid.long().cumsum(1) - 1).clamp(min=0)
         return self._run(x, torch.arange(x.shape[1], device=x.device), rope, valid, use_cache=False)
 
-    def _run(self, x: Tensor, input_pos: Tensor, rope_pos: Tensor, key_valid: Tensor, use_cache: bool,
-             run_block: BlockRunner | None = None) -> Tensor:
+    def _run(
+        self,
+        x: Tensor,
+        input_pos: Tensor,
+        rope_pos: Tensor,
+        key_valid: Tensor,
+        use_cache: bool,
+        run_block: BlockRunner | None = None,
+    ) -> Tensor:
         angles = rope_pos[..., None].float() * self.inv_freq  # (B, T, K/2)
         angles = torch.cat((angles, angles), dim=-1)[:, None]  # (B, 1, T, K)
         cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)

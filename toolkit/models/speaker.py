@@ -1,4 +1,5 @@
 """Speaker embeddings: a D-vector, L2-normalised, that replaces the input embedding at `[spk_emb]`."""
+
 from __future__ import annotations
 
 import torch
@@ -23,6 +24,8 @@ def chattts_speaker(seed: int, stat: Tensor) -> Tensor:
 
 def apply_speaker(emb: Tensor, is_spk_token: Tensor, speakers: Tensor) -> Tensor:
     """emb (B, T, D), is_spk_token (B, T) bool, speakers (B, D) -> emb with the normalised speaker placed."""
-    spk = speakers if speakers.dtype == torch.float16 else speakers.float()  # ChatTTS normalises float16 ones in float16
+    spk = (
+        speakers if speakers.dtype == torch.float16 else speakers.float()
+    )  # ChatTTS normalises float16 ones in float16
     spk = torch.nn.functional.normalize(spk, dim=-1).to(emb.dtype)
     return torch.where(is_spk_token[..., None], spk[:, None, :], emb)

@@ -1,4 +1,5 @@
 """BERT WordPiece tokenizer read from tokenizer.json with the `tokenizers` library."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -39,19 +40,27 @@ class Tokenizer:
         mask = torch.zeros(len(seqs), T, dtype=torch.bool)
         for i, s in enumerate(seqs):
             if s:
-                ids[i, T - len(s):] = torch.tensor(s)
-                mask[i, T - len(s):] = True
+                ids[i, T - len(s) :] = torch.tensor(s)
+                mask[i, T - len(s) :] = True
         return ids, mask
 
     def decode(self, ids: list[int]) -> str:
         return self._tok.decode(ids, skip_special_tokens=False)
 
 
-CONTROL_TOKENS = (
-    ["[Stts]", "[Ptts]", "[spk_emb]", "[empty_spk]", "[Sbreak]", "[Pbreak]", "[laugh]", "[uv_break]", "[v_break]",
-     "[lbreak]", "[pure]"]
-    + [f"[{k}_{i}]" for k, n in (("speed", 10), ("oral", 10), ("laugh", 3), ("break", 8), ("music", 3)) for i in range(n)]
-)
+CONTROL_TOKENS = [
+    "[Stts]",
+    "[Ptts]",
+    "[spk_emb]",
+    "[empty_spk]",
+    "[Sbreak]",
+    "[Pbreak]",
+    "[laugh]",
+    "[uv_break]",
+    "[v_break]",
+    "[lbreak]",
+    "[pure]",
+] + [f"[{k}_{i}]" for k, n in (("speed", 10), ("oral", 10), ("laugh", 3), ("break", 8), ("music", 3)) for i in range(n)]
 
 
 def build_char_tokenizer(chars: str, path: str | Path) -> Tokenizer:

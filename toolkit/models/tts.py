@@ -1,4 +1,5 @@
 """The whole ChatTTS-architecture model: GPT, Decoder, optional DVAE decoder, Vocos, tokenizer, voices."""
+
 from __future__ import annotations
 
 import torch

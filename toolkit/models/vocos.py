@@ -1,5 +1,6 @@
 """Vocos vocoder: ConvNeXt backbone and ISTFT head, mel (B, 100, F) -> 24 kHz waveform (B, hop * (F - 1)).
 Also the matching log-mel front end (HTK mel scale, magnitude, log clip 1e-5), used for training and metrics."""
+
 from __future__ import annotations
 
 import torch
@@ -44,6 +45,7 @@ class Vocos(nn.Module):
 
 def mel_filterbank(sample_rate: int, n_fft: int, n_mels: int) -> Tensor:
     """(n_fft/2+1, n_mels) triangular HTK-scale filters, unnormalised (torchaudio's defaults)."""
+
     def hz_to_mel(f):
         return 2595.0 * torch.log10(1.0 + f / 700.0)
 
@@ -67,6 +69,13 @@ class LogMel(nn.Module):
         self.register_buffer("fb", mel_filterbank(cfg.sample_rate, cfg.n_fft, cfg.n_mels), persistent=False)
 
     def forward(self, wav: Tensor) -> Tensor:
-        spec = torch.stft(wav.float(), self.cfg.n_fft, self.cfg.hop, window=self.window, center=True,
-                          pad_mode="reflect", return_complex=True).abs()
+        spec = torch.stft(
+            wav.float(),
+            self.cfg.n_fft,
+            self.cfg.hop,
+            window=self.window,
+            center=True,
+            pad_mode="reflect",
+            return_complex=True,
+        ).abs()
         return torch.log((spec.transpose(1, 2) @ self.fb).transpose(1, 2).clamp(min=1e-5))

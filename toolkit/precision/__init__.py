@@ -1,4 +1,5 @@
 """Precision recipes applied as module swaps: `quantize(model, "int4", device=..., calib=...)`."""
+
 from __future__ import annotations
 
 import io
@@ -8,15 +9,26 @@ from typing import Callable
 import torch
 
 from ..models import TTSModel
-from .calibration import (CalibrationData, LayerPlan, activation_aware_scale, clip_weights, record_inputs,
-                          relative_error, search_clipping, sensitivity, simulated_errors, stage_outputs, takes)
+from .calibration import (
+    CalibrationData,
+    LayerPlan,
+    activation_aware_scale,
+    clip_weights,
+    record_inputs,
+    relative_error,
+    search_clipping,
+    sensitivity,
+    simulated_errors,
+    stage_outputs,
+    takes,
+)
 from .recipes import RECIPES, Recipe, UnsupportedRecipe, get_recipe, quantizable_linears, stage_of, torchao_config
 
 __all__ = ["RECIPES", "QuantReport", "Recipe", "UnsupportedRecipe", "quantize", "split_precision", "state_bytes"]
 
 
 def split_precision(name: str) -> tuple[str, str | None]:
-    """"int8@bf16" -> ("int8", "bf16"): a recipe, and the dtype its float parts and activations run in (None: the
+    """ "int8@bf16" -> ("int8", "bf16"): a recipe, and the dtype its float parts and activations run in (None: the
     recipe's own), for the commands that take a list of precisions (bench, evaluate)."""
     recipe, _, float_dtype = name.partition("@")
     return recipe, float_dtype or None
@@ -41,8 +53,15 @@ def state_bytes(model: torch.nn.Module) -> int:
     return buf.tell()
 
 
-def where_it_helps(model: TTSModel, recipe: Recipe, calib: CalibrationData, names: list[str], reference: dict,
-                   change: Callable[[Callable[[int, int], None]], dict], step: Callable[[int, int], None]) -> dict:
+def where_it_helps(
+    model: TTSModel,
+    recipe: Recipe,
+    calib: CalibrationData,
+    names: list[str],
+    reference: dict,
+    change: Callable[[Callable[[int, int], None]], dict],
+    step: Callable[[int, int], None],
+) -> dict:
     """Apply `change(step)` (in place; it returns {layer: choice} and reports its layers through `step`), then undo
     it for every stage whose simulated error did not go down: the per-layer objectives can disagree with the stage
     output. `step(done, total)` counts the layers plus the two simulated passes."""
@@ -61,14 +80,26 @@ def where_it_helps(model: TTSModel, recipe: Recipe, calib: CalibrationData, name
     return chosen
 
 
-def calibrate(model: TTSModel, recipe: Recipe, calib: CalibrationData, names: list[str], reference: dict,
-              plan: LayerPlan, progress: Callable[[str, int, int], None]) -> dict:
+def calibrate(
+    model: TTSModel,
+    recipe: Recipe,
+    calib: CalibrationData,
+    names: list[str],
+    reference: dict,
+    plan: LayerPlan,
+    progress: Callable[[str, int, int], None],
+) -> dict:
     """Activation-aware scaling, then (int4) the clipping search; each kept per stage only where it helps.
     -> the original weights of clipped layers (clipping is not lossless: a layer kept in float gets them back)."""
     plan.alphas = where_it_helps(
-        model, recipe, calib, names, reference,
+        model,
+        recipe,
+        calib,
+        names,
+        reference,
         lambda step: activation_aware_scale(model, recipe, record_inputs(model, calib, names), progress=step),
-        lambda i, n: progress("scale search", i, n))
+        lambda i, n: progress("scale search", i, n),
+    )
     if recipe.weights != "int4":
         return {}
     mods = dict(model.named_modules())
@@ -79,15 +110,26 @@ def calibrate(model: TTSModel, recipe: Recipe, calib: CalibrationData, names: li
         unclipped.update({n: mods[n].weight.detach().clone() for n in ratios})
         clip_weights(model, recipe, ratios)
         return ratios
-    ratios = where_it_helps(model, recipe, calib, names, reference, clip, lambda i, n: progress("clipping search", i, n))
+
+    ratios = where_it_helps(
+        model, recipe, calib, names, reference, clip, lambda i, n: progress("clipping search", i, n)
+    )
     plan.clipped = {n: round(float(r.mean()), 4) for n, r in ratios.items()}
     return {n: unclipped[n] for n in ratios}
 
 
-def quantize(model: TTSModel, precision: str, *, device: torch.device | str | None = None,
-             calib: CalibrationData | None = None, awq: bool = True, keep_sensitive: int = 0,
-             target_error: float | None = None, progress: Callable[[str, int, int], None] | None = None,
-             float_dtype: str | None = None) -> QuantReport:
+def quantize(
+    model: TTSModel,
+    precision: str,
+    *,
+    device: torch.device | str | None = None,
+    calib: CalibrationData | None = None,
+    awq: bool = True,
+    keep_sensitive: int = 0,
+    target_error: float | None = None,
+    progress: Callable[[str, int, int], None] | None = None,
+    float_dtype: str | None = None,
+) -> QuantReport:
     """Apply a recipe in place. With calibration data: activation-aware scaling (unless awq=False), then the
     `keep_sensitive` most sensitive layers (or as many as `target_error` needs) stay in higher precision.
     float_dtype ("fp32", "bf16", "fp16"): what the non-quantized parts and activations run in, where the recipe's
@@ -108,10 +150,13 @@ def quantize(model: TTSModel, precision: str, *, device: torch.device | str | No
         names = quantizable_linears(model)
         plan.skipped = [n for n in names if not takes(recipe, mods[n])]
         names = [n for n in names if n not in plan.skipped]
-        unclipped = calibrate(model, recipe, calib, names, reference, plan, progress) if calib is not None and awq \
-            else {}
+        unclipped = (
+            calibrate(model, recipe, calib, names, reference, plan, progress) if calib is not None and awq else {}
+        )
         if calib is not None and (keep_sensitive > 0 or target_error is not None):
-            plan.scores = sensitivity(model, recipe, calib, names, reference, lambda i, n: progress("sensitivity", i, n))
+            plan.scores = sensitivity(
+                model, recipe, calib, names, reference, lambda i, n: progress("sensitivity", i, n)
+            )
             # the DVAE decoder is off the default synthesis path: it never takes the high-precision budget
             ranked = sorted((n for n in names if stage_of(n) != "dvae"), key=plan.scores.get, reverse=True)
             keep = ranked[:keep_sensitive]
@@ -127,6 +172,7 @@ def quantize(model: TTSModel, precision: str, *, device: torch.device | str | No
     model.to(device=device, dtype=dtype)
     if recipe.is_quantized and plan.quantize:
         from torchao.quantization import quantize_
+
         chosen = set(plan.quantize)
         configs: dict[int, object] = {}
         mods = dict(model.named_modules())

@@ -1,6 +1,7 @@
 """Calibration: run a text set through the FP32 model, record what each stage sees, then
 (a) activation-aware scaling (AWQ for weight-only, SmoothQuant-style for W8A8) folded into the previous op, and
 (b) a per-layer sensitivity scan that keeps the most fragile layers in higher precision."""
+
 from __future__ import annotations
 
 import zlib
@@ -35,8 +36,16 @@ def speaker_for_label(model: TTSModel, label: str) -> Tensor:
 
 
 @torch.inference_mode()
-def collect(model: TTSModel, texts: Sequence[str], speakers: Sequence[str], *, max_steps: int = 96,
-            batch_size: int = 8, seed: int = 0, progress: Callable[[int, int], None] | None = None) -> CalibrationData:
+def collect(
+    model: TTSModel,
+    texts: Sequence[str],
+    speakers: Sequence[str],
+    *,
+    max_steps: int = 96,
+    batch_size: int = 8,
+    seed: int = 0,
+    progress: Callable[[int, int], None] | None = None,
+) -> CalibrationData:
     """Generates FP32 codes for each text (one speaker per batch), so later passes are teacher-forced on them."""
     engine, gpt = Engine(model.gpt), model.gpt
     groups: dict[str, list[str]] = {}
@@ -47,11 +56,13 @@ def collect(model: TTSModel, texts: Sequence[str], speakers: Sequence[str], *, m
     for label, items in groups.items():
         spk = speaker_for_label(model, label)
         for b in range(0, len(items), batch_size):
-            batch = items[b: b + batch_size]
+            batch = items[b : b + batch_size]
             emb, valid = encode_prompts(model, batch, spk)
             gen = engine.generate(emb, valid, SamplingParams(max_new_tokens=max_steps), seed=seed + b)
             steps = torch.arange(gen.codes.shape[1], device=valid.device)[None] <= gen.lengths[:, None]
-            data.gpt.append((torch.cat([emb, gpt.embed_codes(gen.codes).to(emb.dtype)], 1), torch.cat([valid, steps], 1)))
+            data.gpt.append(
+                (torch.cat([emb, gpt.embed_codes(gen.codes).to(emb.dtype)], 1), torch.cat([valid, steps], 1))
+            )
             data.decoder.append(gen.hidden.float())
             data.vocos.append(model.hidden_to_mel(gen.hidden).float())
             done += len(batch)
@@ -61,8 +72,9 @@ def collect(model: TTSModel, texts: Sequence[str], speakers: Sequence[str], *, m
 
 
 @torch.inference_mode()
-def stage_outputs(model: TTSModel, data: CalibrationData,
-                  stages: Sequence[str] = ("gpt", "decoder", "vocos", "dvae")) -> dict[str, list[Tensor]]:
+def stage_outputs(
+    model: TTSModel, data: CalibrationData, stages: Sequence[str] = ("gpt", "decoder", "vocos", "dvae")
+) -> dict[str, list[Tensor]]:
     """What each stage produces on the calibration inputs: GPT hidden (valid positions), mel, waveform."""
     out: dict[str, list[Tensor]] = {}
     if "gpt" in stages:
@@ -120,8 +132,12 @@ def record_inputs(model: TTSModel, data: CalibrationData, names: Sequence[str]) 
     """Up to MAX_ROWS input rows per Linear, sampled evenly from the calibration passes."""
     seen: dict[str, list[Tensor]] = {n: [] for n in names}
     modules = dict(model.named_modules())
-    hooks = [modules[n].register_forward_pre_hook(lambda m, a, n=n: seen[n].append(a[0].reshape(-1, a[0].shape[-1]).float().cpu()))
-             for n in names]
+    hooks = [
+        modules[n].register_forward_pre_hook(
+            lambda m, a, n=n: seen[n].append(a[0].reshape(-1, a[0].shape[-1]).float().cpu())
+        )
+        for n in names
+    ]
     try:
         stage_outputs(model, data, sorted({stage_of(n) for n in names}))
     finally:
@@ -147,10 +163,10 @@ def fold_target(model: TTSModel, name: str) -> tuple[Tensor, ...] | None:
         return (mods[parent.rsplit(".", 1)[0] + ".ffn_norm"].weight,)
     if leaf == "wo":  # attention output is linear in v: fold into the v rows of wqkv
         w = mods[parent + ".wqkv"].weight
-        return (w[2 * w.shape[1]:],)
+        return (w[2 * w.shape[1] :],)
     if leaf == "w2":  # silu(gate) * up is linear in up: fold into the up rows of w13
         w = mods[parent + ".w13"].weight
-        return (w[w.shape[0] // 2:],)
+        return (w[w.shape[0] // 2 :],)
     if leaf == "pwconv1":
         norm = mods[parent + ".norm"]
         return (norm.weight, norm.bias)
@@ -158,9 +174,13 @@ def fold_target(model: TTSModel, name: str) -> tuple[Tensor, ...] | None:
 
 
 @torch.inference_mode()
-def activation_aware_scale(model: TTSModel, recipe: Recipe, inputs: dict[str, Tensor],
-                           grid: Sequence[float] = tuple(i / 10 for i in range(11)),
-                           progress: Callable[[int, int], None] | None = None) -> dict[str, float]:
+def activation_aware_scale(
+    model: TTSModel,
+    recipe: Recipe,
+    inputs: dict[str, Tensor],
+    grid: Sequence[float] = tuple(i / 10 for i in range(11)),
+    progress: Callable[[int, int], None] | None = None,
+) -> dict[str, float]:
     """Per Linear, pick alpha on a grid to minimise ||Q(W s) (x / s) - W x|| on calibration rows, with
     s = mean|x|^alpha (AWQ; for W8A8 s = max|x|^alpha / max|W|^(1-alpha), SmoothQuant). Returns chosen alphas."""
     mods = dict(model.named_modules())
@@ -195,9 +215,14 @@ def activation_aware_scale(model: TTSModel, recipe: Recipe, inputs: dict[str, Te
 
 
 @torch.inference_mode()
-def search_clipping(model: TTSModel, recipe: Recipe, inputs: dict[str, Tensor], rows: int = 256,
-                    ratios: Sequence[float] = tuple(1 - i / 20 for i in range(10)),
-                    progress: Callable[[int, int], None] | None = None) -> dict[str, Tensor]:
+def search_clipping(
+    model: TTSModel,
+    recipe: Recipe,
+    inputs: dict[str, Tensor],
+    rows: int = 256,
+    ratios: Sequence[float] = tuple(1 - i / 20 for i in range(10)),
+    progress: Callable[[int, int], None] | None = None,
+) -> dict[str, Tensor]:
     """AWQ's clipping search for int4: per output row and group, the shrink r of the [min, max] range that
     minimises ||(Q(clip(W)) - W) x|| on calibration rows (a narrower range rounds finer; outliers pay).
     -> {name: r (O, G)}; apply with `clip_weights`. Leaves the model unchanged."""
@@ -243,8 +268,14 @@ def clip_weights(model: TTSModel, recipe: Recipe, ratios: dict[str, Tensor]) -> 
 
 
 @torch.inference_mode()
-def sensitivity(model: TTSModel, recipe: Recipe, data: CalibrationData, names: Sequence[str],
-                reference: dict[str, list[Tensor]], progress: Callable[[int, int], None] | None = None) -> dict[str, float]:
+def sensitivity(
+    model: TTSModel,
+    recipe: Recipe,
+    data: CalibrationData,
+    names: Sequence[str],
+    reference: dict[str, list[Tensor]],
+    progress: Callable[[int, int], None] | None = None,
+) -> dict[str, float]:
     """Each layer's stage-output error when it alone is (simulated-)quantized."""
     mods = dict(model.named_modules())
     scores = {}
@@ -261,8 +292,9 @@ def sensitivity(model: TTSModel, recipe: Recipe, data: CalibrationData, names: S
 
 
 @torch.inference_mode()
-def simulated_errors(model: TTSModel, recipe: Recipe, data: CalibrationData, names: Sequence[str],
-                     reference: dict[str, list[Tensor]]) -> dict[str, float]:
+def simulated_errors(
+    model: TTSModel, recipe: Recipe, data: CalibrationData, names: Sequence[str], reference: dict[str, list[Tensor]]
+) -> dict[str, float]:
     """Stage errors with all `names` (simulated-)quantized at once; weights are restored afterwards."""
     mods = dict(model.named_modules())
     saved = {n: mods[n].weight.detach().clone() for n in names}

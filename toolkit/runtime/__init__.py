@@ -6,6 +6,7 @@ toolkit.frontend, toolkit.params; the tokenizer is the pure-Python wordpiece.py)
     from toolkit.runtime import EdgeSynthesizer
     utt = EdgeSynthesizer("voice-int8").synthesize("Hello there.", seed=1)[0]
 """
+
 from .engine import MANIFEST, is_exported
 from .sampling import SamplingParams
 from .synth import EdgeSynthesizer, Utterance
@@ -15,4 +16,5 @@ __all__ = ["EdgeSynthesizer", "MANIFEST", "SamplingParams", "Utterance", "is_exp
 
 def write_wav(path, wav, sample_rate: int) -> None:
     import soundfile as sf
+
     sf.write(str(path), wav, sample_rate, subtype="PCM_16")

@@ -1,4 +1,5 @@
 """numpy signal code of the runtime: the ISTFT (torch.istft center=True, Hann window) and torch-exact speaker seeds."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -15,7 +16,7 @@ def overlap_add(real: np.ndarray, imag: np.ndarray, n_fft: int, hop: int, window
     n = (F - 1) * hop + n_fft
     ola = np.zeros(n, np.float32)
     env = np.zeros(n, np.float32)
-    w2 = window ** 2
+    w2 = window**2
     if n_fft % hop == 0:  # add frame groups that don't overlap: n_fft/hop vectorised adds
         r = n_fft // hop
         for j in range(r):
@@ -23,12 +24,12 @@ def overlap_add(real: np.ndarray, imag: np.ndarray, n_fft: int, hop: int, window
             m = sel.shape[1]
             if m:
                 start = j * hop
-                ola[start:start + m * n_fft] += sel.T.reshape(-1)
-                env[start:start + m * n_fft] += np.tile(w2, m)
+                ola[start : start + m * n_fft] += sel.T.reshape(-1)
+                env[start : start + m * n_fft] += np.tile(w2, m)
     else:
         for f in range(F):
-            ola[f * hop:f * hop + n_fft] += frames[:, f]
-            env[f * hop:f * hop + n_fft] += w2
+            ola[f * hop : f * hop + n_fft] += frames[:, f]
+            env[f * hop : f * hop + n_fft] += w2
     return ola, env
 
 
@@ -38,7 +39,7 @@ def istft(real: np.ndarray, imag: np.ndarray, n_fft: int, hop: int, window: np.n
     ola, env = overlap_add(real, imag, n_fft, hop, window)
     half = n_fft // 2
     n = hop * (real.shape[1] - 1)
-    return ola[half:half + n] / np.maximum(env[half:half + n], 1e-11)
+    return ola[half : half + n] / np.maximum(env[half : half + n], 1e-11)
 
 
 def torch_randn(seed: int, n: int) -> np.ndarray:
@@ -48,7 +49,7 @@ def torch_randn(seed: int, n: int) -> np.ndarray:
     if n % 16:
         raise ValueError("torch_randn reproduces torch only for n a multiple of 16")
     rs = np.random.RandomState(int(seed) & 0xFFFFFFFF)
-    u = (rs.randint(0, 2 ** 32, size=n, dtype=np.uint64) & ((1 << 24) - 1)).astype(np.float32) * np.float32(2.0 ** -24)
+    u = (rs.randint(0, 2**32, size=n, dtype=np.uint64) & ((1 << 24) - 1)).astype(np.float32) * np.float32(2.0**-24)
     u = u.reshape(-1, 2, 8)
     radius = np.sqrt(np.float32(-2) * np.log(np.float32(1) - u[:, 0]))
     theta = np.float32(2 * np.pi) * u[:, 1]

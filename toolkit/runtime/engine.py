@@ -1,4 +1,5 @@
 """ONNX Runtime sessions of an exported folder, and the GPT decode loop over the grown KV cache."""
+
 from __future__ import annotations
 
 import json
@@ -42,8 +43,10 @@ def pick_providers(prefer: str | None = None) -> tuple[list[str], str | None]:
     if "CUDAExecutionProvider" in have:
         return ["CUDAExecutionProvider", "CPUExecutionProvider"], None
     if prefer == "cuda":
-        raise RuntimeError("CUDA asked for, but this onnxruntime has no CUDAExecutionProvider "
-                           "(install onnxruntime-gpu instead of onnxruntime)")
+        raise RuntimeError(
+            "CUDA asked for, but this onnxruntime has no CUDAExecutionProvider "
+            "(install onnxruntime-gpu instead of onnxruntime)"
+        )
     return ["CPUExecutionProvider"], "ttsq runtime: CUDA execution provider not available, running ONNX Runtime on CPU"
 
 
@@ -74,13 +77,16 @@ class Sessions:
             opts.intra_op_num_threads = threads
             opts.inter_op_num_threads = 1
         self.gpt = ort.InferenceSession(str(root / manifest["graphs"]["gpt"]["file"]), opts, providers=self.providers)
-        self.decoder = ort.InferenceSession(str(root / manifest["graphs"]["decoder"]["file"]), opts,
-                                            providers=self.providers)
-        self.vocos = ort.InferenceSession(str(root / manifest["graphs"]["vocos"]["file"]), opts,
-                                          providers=self.providers)
+        self.decoder = ort.InferenceSession(
+            str(root / manifest["graphs"]["decoder"]["file"]), opts, providers=self.providers
+        )
+        self.vocos = ort.InferenceSession(
+            str(root / manifest["graphs"]["vocos"]["file"]), opts, providers=self.providers
+        )
         head = manifest["graphs"].get("text_head")  # exported where the model has a trained text head (refine)
-        self.text_head = (ort.InferenceSession(str(root / head["file"]), opts, providers=self.providers)
-                          if head else None)
+        self.text_head = (
+            ort.InferenceSession(str(root / head["file"]), opts, providers=self.providers) if head else None
+        )
 
 
 class Engine:
@@ -103,9 +109,18 @@ class Engine:
         out = self.s.gpt.run_with_ort_values(self._outs, vals)
         return out[0].numpy(), out[1].numpy(), list(out[2:])
 
-    def stream(self, ids: np.ndarray, valid: np.ndarray, speaker: np.ndarray, spk_id: int | None,
-               params: SamplingParams, seed: int = 0, should_stop: Callable[[], bool] | None = None,
-               sample: np.ndarray | None = None, text_eos: int | None = None) -> Iterator[Chunk]:
+    def stream(
+        self,
+        ids: np.ndarray,
+        valid: np.ndarray,
+        speaker: np.ndarray,
+        spk_id: int | None,
+        params: SamplingParams,
+        seed: int = 0,
+        should_stop: Callable[[], bool] | None = None,
+        sample: np.ndarray | None = None,
+        text_eos: int | None = None,
+    ) -> Iterator[Chunk]:
         """ids (B, T) left-padded text ids, valid (B, T) bool, speaker (B, D) -> chunks of `chunk` steps.
         sample (S, Q): a sample-audio speaker's codes, placed after every row's text (ChatTTS's spk_smp).
         text_eos: generate text tokens through text_head.onnx (refine), one per step (codes (B, n, 1)), until this
@@ -125,14 +140,25 @@ class Engine:
         T = prompt.shape[1]
         steps = min(params.max_new_tokens, self.max_positions - T)
         if steps < 1:
-            raise ValueError(f"prompt of {T} tokens leaves no room to generate (max_positions {self.max_positions}); "
-                             "split the text into shorter sentences")
+            raise ValueError(
+                f"prompt of {T} tokens leaves no room to generate (max_positions {self.max_positions}); "
+                "split the text into shorter sentences"
+            )
         empty = np.zeros((B, self.H, 0, self.K), np.float32)
         past = [ort.OrtValue.ortvalue_from_numpy(empty) for _ in range(2 * self.L)]
         rope = np.maximum(np.cumsum(valid.astype(np.int64), 1) - 1, 0)
         key_valid = valid.astype(bool)
-        logits, h, past = self._run({"ids": prompt, "text_mask": text_mask, "speaker": speaker.astype(np.float32),
-                                     "spk_mask": spk_mask.astype(bool), "rope_pos": rope, "key_valid": key_valid}, past)
+        logits, h, past = self._run(
+            {
+                "ids": prompt,
+                "text_mask": text_mask,
+                "speaker": speaker.astype(np.float32),
+                "spk_mask": spk_mask.astype(bool),
+                "rope_pos": rope,
+                "key_valid": key_valid,
+            },
+            past,
+        )
         rope_base = valid.sum(1, keepdims=True).astype(np.int64)
         temps = np.tile(np.asarray(params.temperatures(Q), np.float32), B)
         history = np.full((B * Q, params.penalty_window), V, np.int64)
@@ -166,12 +192,24 @@ class Engine:
                     return
             key_valid = np.concatenate([key_valid, np.ones((B, 1), bool)], 1)
             fed = np.repeat(codes, self.Q, 1) if text else codes  # (B, Q)
-            logits, h, past = self._run({"ids": fed[:, None].astype(np.int64), "text_mask": step_mask,
-                                         "speaker": zeros_spk, "spk_mask": no_text, "rope_pos": rope_base + i,
-                                         "key_valid": key_valid}, past)
+            logits, h, past = self._run(
+                {
+                    "ids": fed[:, None].astype(np.int64),
+                    "text_mask": step_mask,
+                    "speaker": zeros_spk,
+                    "spk_mask": no_text,
+                    "rope_pos": rope_base + i,
+                    "key_valid": key_valid,
+                },
+                past,
+            )
 
     def generate(self, *args, **kwargs) -> Generation:
         chunks = list(self.stream(*args, **kwargs))
         last = chunks[-1]
-        return Generation(np.concatenate([c.hidden for c in chunks], 1), np.concatenate([c.codes for c in chunks], 1),
-                          last.lengths, last.finished)
+        return Generation(
+            np.concatenate([c.hidden for c in chunks], 1),
+            np.concatenate([c.codes for c in chunks], 1),
+            last.lengths,
+            last.finished,
+        )

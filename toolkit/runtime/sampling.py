@@ -2,6 +2,7 @@
 codes, top-p, top-k (never fewer than min_keep), EOS suppression before min_new_tokens, and the draw
 argmax(p / E) with E ~ Exp(1). The noise comes from numpy's PCG64, so a seed does not reproduce the torch
 engine's tokens bit for bit (the distribution is the same)."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -27,13 +28,13 @@ def process_logits(logits: np.ndarray, history: np.ndarray, p: SamplingParams, t
         order = np.argsort(logits, axis=-1, kind="stable")  # ascending
         sorted_logits = np.take_along_axis(logits, order, -1)
         drop = np.cumsum(softmax(sorted_logits), -1) <= 1 - p.top_p
-        drop[:, -p.min_keep:] = False
+        drop[:, -p.min_keep :] = False
         mask = np.zeros_like(drop)
         np.put_along_axis(mask, order, drop, -1)
         logits = np.where(mask, -np.inf, logits)
     k = p.top_k_for(V)
     if k < V:
-        kth = np.partition(logits, V - k, axis=-1)[:, V - k:V - k + 1]
+        kth = np.partition(logits, V - k, axis=-1)[:, V - k : V - k + 1]
         logits = np.where(logits < kth, -np.inf, logits)
     return logits.astype(np.float32)
 

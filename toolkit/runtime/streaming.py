@@ -3,6 +3,7 @@
 A span of output samples depends only on a bounded window of GPT states (the Decoder's and Vocos's receptive
 radius in mel frames, then the ISTFT's overlap-add), so each new chunk is rendered over just the window its
 final samples need, and samples are emitted once no future state can change them."""
+
 from __future__ import annotations
 
 import math
@@ -45,7 +46,7 @@ class StreamRenderer:
         f1 = min(frames or known, math.ceil((t1 + half) / hop))
         m0, m1 = max(0, f0 - self.r_voc), min(known, f1 + self.r_voc)
         s0, s1 = max(0, (m0 - self.r_dec) // 2), min(self.steps, math.ceil((m1 + self.r_dec) / 2))
-        mel = self.decoder.run(None, {"hidden": self.hidden[None, s0:s1]})[0][..., m0 - 2 * s0: m1 - 2 * s0]
+        mel = self.decoder.run(None, {"hidden": self.hidden[None, s0:s1]})[0][..., m0 - 2 * s0 : m1 - 2 * s0]
         real, imag = self.vocos.run(None, {"mel": np.ascontiguousarray(mel)})
         sl = slice(f0 - m0, f1 - m0)
         ola, env = overlap_add(real[0, :, sl], imag[0, :, sl], self.n_fft, hop, self.window)

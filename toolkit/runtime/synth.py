@@ -1,4 +1,5 @@
 """Text -> 24 kHz audio from an exported folder, with numpy and ONNX Runtime only (no torch)."""
+
 from __future__ import annotations
 
 import time
@@ -55,8 +56,8 @@ class Tokenizer:
         mask = np.zeros((len(seqs), T), bool)
         for i, s in enumerate(seqs):
             if s:
-                ids[i, T - len(s):] = s
-                mask[i, T - len(s):] = True
+                ids[i, T - len(s) :] = s
+                mask[i, T - len(s) :] = True
         return ids, mask
 
 
@@ -75,6 +76,7 @@ class EdgeSynthesizer:
         self.spk_stat = np.load(self.root / m["spk_stat"]).astype(np.float32)  # (2, D): std, mean
         self.voices = {k: np.load(self.root / v).astype(np.float32) for k, v in m.get("voices", {}).items()}
         from ..frontend import frontend_for
+
         self.frontend = frontend_for(m.get("frontend"))
         self.sample_rate = m["sample_rate"]
         self.n_fft, self.hop = m["istft"]["n_fft"], m["istft"]["hop"]
@@ -97,8 +99,10 @@ class EdgeSynthesizer:
         if isinstance(spec, str):
             return self.voices[spec]
         if isinstance(spec, SampleSpeaker):
-            raise SpeakerError("this is a sample-audio speaker (codes of a recording), not a speaker vector; pass it "
-                               "to synthesize() (or --speaker with --speaker-text) instead")
+            raise SpeakerError(
+                "this is a sample-audio speaker (codes of a recording), not a speaker vector; pass it "
+                "to synthesize() (or --speaker with --speaker-text) instead"
+            )
         vec = check_vector(spec, D)
         return vec.astype(np.float16) if np.asarray(spec).dtype == np.float16 else vec
 
@@ -109,19 +113,24 @@ class EdgeSynthesizer:
             return self.speaker_vector(spec), None, ""
         g = self.cfg["gpt"]
         if self.manifest.get("frontend", "none") not in (None, "none"):
-            raise SpeakerError("this model was not trained with sample-audio prompts (ChatTTS's spk_smp); make a "
-                               "speaker vector for it with `ttsq speaker from-audio WAV --text ... --model MODEL`")
+            raise SpeakerError(
+                "this model was not trained with sample-audio prompts (ChatTTS's spk_smp); make a "
+                "speaker vector for it with `ttsq speaker from-audio WAV --text ... --model MODEL`"
+            )
         if spec.codes.shape[0] != g["num_vq"] or spec.codes.max() >= g["num_audio_tokens"] - 1:
-            raise SpeakerError(f"the sample-audio speaker holds codes of shape {spec.codes.shape}: it was made for "
-                               "another model")
+            raise SpeakerError(
+                f"the sample-audio speaker holds codes of shape {spec.codes.shape}: it was made for another model"
+            )
         return None, spec.codes.T.astype(np.int64), spec.text
 
-    def encode(self, sentences: Sequence[str], sample_text: str = "", speaker: bool = True
-               ) -> tuple[np.ndarray, np.ndarray]:
+    def encode(
+        self, sentences: Sequence[str], sample_text: str = "", speaker: bool = True
+    ) -> tuple[np.ndarray, np.ndarray]:
         tok = self.tokenizer
         smp = self.frontend(normalize(sample_text)) if sample_text.strip() else ""
-        ids, valid = tok.encode([prompt_text(self.frontend(s), tok.has, sample_text=smp, speaker=speaker)
-                                 for s in sentences])
+        ids, valid = tok.encode(
+            [prompt_text(self.frontend(s), tok.has, sample_text=smp, speaker=speaker) for s in sentences]
+        )
         if int(ids.max()) >= self.cfg["gpt"]["num_text_tokens"]:
             raise ValueError("the tokenizer produced ids beyond the model's text vocabulary: wrong tokenizer.json?")
         return ids, valid
@@ -129,27 +138,40 @@ class EdgeSynthesizer:
     # --- refine ---------------------------------------------------------------------------------------
     def check_refine(self, prompt: str = "") -> None:
         """RefineError unless this export can refine (it holds text_head.onnx) and `prompt` is a run of its tokens."""
-        no_head = None if self.sessions.text_head is not None else (
-            f"{self.root} has no text_head.onnx: it was exported by a ttsq without refine support; export the "
-            "ChatTTS checkpoint again (ttsq export) to refine here")
+        no_head = (
+            None
+            if self.sessions.text_head is not None
+            else (
+                f"{self.root} has no text_head.onnx: it was exported by a ttsq without refine support; export the "
+                "ChatTTS checkpoint again (ttsq export) to refine here"
+            )
+        )
         check_refinable(self.tokenizer, self.manifest.get("text_head", True), no_head)
         check_prompt(self.tokenizer, prompt)
 
-    def refine_sentences(self, sentences: Sequence[str], prompt: str = "", params: SamplingParams | None = None,
-                         seed: int = 0) -> list[str]:
+    def refine_sentences(
+        self, sentences: Sequence[str], prompt: str = "", params: SamplingParams | None = None, seed: int = 0
+    ) -> list[str]:
         """One batch of sentences -> their refined texts (toolkit.refine), through gpt.onnx and text_head.onnx."""
         self.check_refine(prompt)
         params = params or refine_params()
         ids, valid = self.tokenizer.encode([refine_prompt(s, prompt) for s in sentences])
         speaker = np.zeros((len(sentences), self.cfg["gpt"]["hidden"]), np.float32)
-        gen = self.engine.generate(ids, valid, speaker, None, params, seed=seed,
-                                   text_eos=self.tokenizer.token_id(EOS))
+        gen = self.engine.generate(ids, valid, speaker, None, params, seed=seed, text_eos=self.tokenizer.token_id(EOS))
         rows = [gen.codes[j, : int(gen.lengths[j]), 0].tolist() for j in range(len(sentences))]
         return refined_texts(self.tokenizer, sentences, rows, gen.finished.tolist(), params.max_new_tokens)
 
-    def refine(self, texts: str | Sequence[str], *, prompt: str = "", seed: int = 0,
-               params: SamplingParams | None = None, batch_size: int = 8, max_chars: int = 120,
-               control_tokens: bool = False) -> list[str]:
+    def refine(
+        self,
+        texts: str | Sequence[str],
+        *,
+        prompt: str = "",
+        seed: int = 0,
+        params: SamplingParams | None = None,
+        batch_size: int = 8,
+        max_chars: int = 120,
+        control_tokens: bool = False,
+    ) -> list[str]:
         """As toolkit.Synthesizer.refine: one refined string per text."""
         plan = Plan.make(texts, batch_size, max_chars, control_tokens)
         self.check_refine(prompt)
@@ -169,11 +191,21 @@ class EdgeSynthesizer:
             raise FloatingPointError("non-finite audio from the exported model")
         return wav.astype(np.float32), t1 - t0, time.perf_counter() - t1
 
-    def synthesize(self, texts: str | Sequence[str], *, speaker=None, seed: int = 0,
-                   params: SamplingParams | None = None, batch_size: int = 8, max_chars: int = 120,
-                   control_tokens: bool = False, progress: Callable[[int, int], None] | None = None,
-                   refine: bool = False, refine_prompt: str = "",
-                   refine_params: SamplingParams | None = None) -> list[Utterance]:
+    def synthesize(
+        self,
+        texts: str | Sequence[str],
+        *,
+        speaker=None,
+        seed: int = 0,
+        params: SamplingParams | None = None,
+        batch_size: int = 8,
+        max_chars: int = 120,
+        control_tokens: bool = False,
+        progress: Callable[[int, int], None] | None = None,
+        refine: bool = False,
+        refine_prompt: str = "",
+        refine_params: SamplingParams | None = None,
+    ) -> list[Utterance]:
         """As toolkit.Synthesizer.synthesize; refine rewrites each batch of sentences first (Utterance.text)."""
         plan = Plan.make(texts, batch_size, max_chars, control_tokens)
         params = params or SamplingParams()
@@ -196,8 +228,9 @@ class EdgeSynthesizer:
                 t0 = time.perf_counter()
             texts_read.update(zip(idx, sentences))
             ids, valid = self.encode(sentences, sample_text, spk_id is not None)
-            gen = self.engine.generate(ids, valid, np.repeat(spk[None], len(idx), 0), spk_id, params, seed=seed + b,
-                                       sample=sample)
+            gen = self.engine.generate(
+                ids, valid, np.repeat(spk[None], len(idx), 0), spk_id, params, seed=seed + b, sample=sample
+            )
             timing["gpt"] += time.perf_counter() - t0
             for j, k in enumerate(idx):
                 n = int(gen.lengths[j])
@@ -208,18 +241,37 @@ class EdgeSynthesizer:
             if progress:
                 progress(b + len(idx), len(pieces))
         timing["total"] = time.perf_counter() - t_start
-        return [Utterance(np.concatenate([wavs[k] for k in ks]), self.sample_rate, sum(steps[k] for k in ks),
-                          any(limit[k] for k in ks), dict(timing), " ".join(texts_read[k] for k in ks))
-                for ks in plan.per_text(limit)]
+        return [
+            Utterance(
+                np.concatenate([wavs[k] for k in ks]),
+                self.sample_rate,
+                sum(steps[k] for k in ks),
+                any(limit[k] for k in ks),
+                dict(timing),
+                " ".join(texts_read[k] for k in ks),
+            )
+            for ks in plan.per_text(limit)
+        ]
 
     def renderer(self) -> StreamRenderer:
         s = self.manifest["streaming"]
-        return StreamRenderer(self.sessions.decoder, self.sessions.vocos, self.n_fft, self.hop,
-                              s["decoder_radius"], s["vocos_radius"])
+        return StreamRenderer(
+            self.sessions.decoder, self.sessions.vocos, self.n_fft, self.hop, s["decoder_radius"], s["vocos_radius"]
+        )
 
-    def stream(self, text: str, *, speaker=None, seed: int = 0, params: SamplingParams | None = None,
-               max_chars: int = 120, control_tokens: bool = False, refine: bool = False, refine_prompt: str = "",
-               refine_params: SamplingParams | None = None) -> Iterator[np.ndarray]:
+    def stream(
+        self,
+        text: str,
+        *,
+        speaker=None,
+        seed: int = 0,
+        params: SamplingParams | None = None,
+        max_chars: int = 120,
+        control_tokens: bool = False,
+        refine: bool = False,
+        refine_prompt: str = "",
+        refine_params: SamplingParams | None = None,
+    ) -> Iterator[np.ndarray]:
         """Yields float32 audio pieces as the GPT produces states, sentence by sentence (each refined first with
         refine)."""
         params = params or SamplingParams()
@@ -230,5 +282,6 @@ class EdgeSynthesizer:
             if refine:
                 sentence = self.refine_sentences([sentence], refine_prompt, refine_params, seed + i)[0]
             ids, valid = self.encode([sentence], sample_text, spk_id is not None)
-            yield from render_stream(self.engine.stream(ids, valid, spk[None], spk_id, params, seed=seed + i,
-                                                        sample=sample), self.renderer())
+            yield from render_stream(
+                self.engine.stream(ids, valid, spk[None], spk_id, params, seed=seed + i, sample=sample), self.renderer()
+            )

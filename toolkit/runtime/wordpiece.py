@@ -7,6 +7,7 @@ than tokenizing differently. tests/test_wordpiece.py checks the parity against `
 point too. The one known difference: NFD (with strip_accents) orders a run of combining marks by Python's
 Unicode tables, so marks newer than the running Python's `unicodedata` may come out in another order.
 """
+
 from __future__ import annotations
 
 import json
@@ -18,7 +19,7 @@ from . import bert_unicode
 
 
 def char_class(spec: str) -> str:
-    """"0300-036f 0483" (inclusive hexadecimal code point ranges) -> the regex class "[\u0300-\u036f\u0483]"."""
+    """ "0300-036f 0483" (inclusive hexadecimal code point ranges) -> the regex class "[\u0300-\u036f\u0483]"."""
     out = []
     for r in spec.split():
         a, _, b = r.partition("-")
@@ -31,8 +32,9 @@ SPACE = "0009-000d 0020 0085 00a0 1680 2000-200a 2028-2029 202f 205f 3000"
 # the blocks `tokenizers` treats as Chinese (it checks 2b920, not 2b820)
 CJK = "3400-4dbf 4e00-9fff f900-faff 20000-2a6df 2a700-2b73f 2b740-2b81f 2b920-2ceaf 2f800-2fa1f"
 # tokenizers' own character classes (bert_unicode.py), not unicodedata's: its Unicode tables are older
-_CONTROL, _SPACE, _CJK, _MARK = (re.compile(char_class(t)) for t in (bert_unicode.CONTROL, SPACE, CJK,
-                                                                     bert_unicode.MARK))
+_CONTROL, _SPACE, _CJK, _MARK = (
+    re.compile(char_class(t)) for t in (bert_unicode.CONTROL, SPACE, CJK, bert_unicode.MARK)
+)
 _P, _S = char_class(bert_unicode.PUNCT), char_class(SPACE)
 _WORD = re.compile(f"{_P}|[^{_P[1:-1]}{_S[1:-1]}]+")  # one punctuation character, or a run of neither
 # Rust lowercases character by character (so no final sigma) with newer Unicode tables than Python's
@@ -84,7 +86,8 @@ class WordPiece:
             return TokenizerFormatError(
                 f"{source}: {what} {value!r} is not supported by ttsq's torch-free tokenizer "
                 "(it reads BertNormalizer, BertPreTokenizer and WordPiece); re-export the model with a BERT "
-                "WordPiece tokenizer")
+                "WordPiece tokenizer"
+            )
 
         norm, pre, model = spec.get("normalizer"), spec.get("pre_tokenizer"), spec.get("model") or {}
         if norm is not None and norm.get("type") != "BertNormalizer":
@@ -99,8 +102,10 @@ class WordPiece:
         self.vocab: dict[str, int] = model["vocab"]
         self.unk = model.get("unk_token", "[UNK]")
         if self.unk not in self.vocab:
-            raise TokenizerFormatError(f"{source}: the unknown token {self.unk!r} is missing from the WordPiece "
-                                       "vocabulary; the file is damaged, export the model again")
+            raise TokenizerFormatError(
+                f"{source}: the unknown token {self.unk!r} is missing from the WordPiece "
+                "vocabulary; the file is damaged, export the model again"
+            )
         self.prefix = model.get("continuing_subword_prefix", "##")
         self.max_chars = model.get("max_input_chars_per_word", 100)
         decoder = spec.get("decoder") or {}
@@ -164,7 +169,7 @@ class WordPiece:
         out = []
         for i, t in enumerate(tokens):
             if i:
-                t = t[len(self.decode_prefix):] if t.startswith(self.decode_prefix) else " " + t
+                t = t[len(self.decode_prefix) :] if t.startswith(self.decode_prefix) else " " + t
             if self.cleanup:
                 for a, b in CLEANUP:
                     t = t.replace(a, b)
@@ -189,8 +194,19 @@ class WordPiece:
 
 
 # what the WordPiece decoder's cleanup replaces, in its order (tokenizers' decoders::wordpiece::cleanup)
-CLEANUP = ((" .", "."), (" ?", "?"), (" !", "!"), (" ,", ","), (" ' ", "'"), (" n't", "n't"), (" 'm", "'m"),
-           (" do not", " don't"), (" 's", "'s"), (" 've", "'ve"), (" 're", "'re"))
+CLEANUP = (
+    (" .", "."),
+    (" ?", "?"),
+    (" !", "!"),
+    (" ,", ","),
+    (" ' ", "'"),
+    (" n't", "n't"),
+    (" 'm", "'m"),
+    (" do not", " don't"),
+    (" 's", "'s"),
+    (" 've", "'ve"),
+    (" 're", "'re"),
+)
 
 
 def _split(text: str, matcher, ids: dict[str, int]):
@@ -202,7 +218,7 @@ def _split(text: str, matcher, ids: dict[str, int]):
     pos = 0
     for m in matcher.finditer(text):
         if m.start() > pos:
-            yield text[pos:m.start()], None
+            yield text[pos : m.start()], None
         yield m.group(0), ids[m.group(0)]
         pos = m.end()
     if pos < len(text):

@@ -5,6 +5,7 @@ is rendered, so a failure before it (bad voice, out of memory) still gets a prop
 piece by piece. A client that disconnects cancels its request, which leaves the batch at the next step.
 Errors use OpenAI's shape: {"error": {"message", "type", "param", "code"}}.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -30,6 +31,7 @@ MAX_INPUT_CHARS = 4096  # OpenAI's limit for `input`
 
 class SpeechRequest(BaseModel):
     """OpenAI's speech request; `seed` is ttsq's (sampling seed, as `ttsq synth --seed`)."""
+
     model_config = ConfigDict(extra="forbid")
     model: str
     input: str
@@ -42,8 +44,9 @@ class SpeechRequest(BaseModel):
 
 
 class ApiError(Exception):
-    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
-                 headers: dict | None = None):
+    def __init__(
+        self, status: int, message: str, param: str | None = None, code: str | None = None, headers: dict | None = None
+    ):
         super().__init__(message)
         self.status, self.message, self.param, self.code, self.headers = status, message, param, code, headers
 
@@ -64,8 +67,11 @@ def parse_request(body: bytes, cfg: ServerConfig) -> SpeechRequest:
     try:
         data = json.loads(body)
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ApiError(400, f"the body is not valid JSON ({e}); send a JSON object such as "
-                            '{"model": "tts-1", "input": "Hello.", "voice": "m1", "response_format": "wav"}') from None
+        raise ApiError(
+            400,
+            f"the body is not valid JSON ({e}); send a JSON object such as "
+            '{"model": "tts-1", "input": "Hello.", "voice": "m1", "response_format": "wav"}',
+        ) from None
     if not isinstance(data, dict):
         raise ApiError(400, f"the body must be a JSON object, got {type(data).__name__}")
     try:
@@ -73,26 +79,44 @@ def parse_request(body: bytes, cfg: ServerConfig) -> SpeechRequest:
     except ValidationError as e:
         err = e.errors()[0]
         field = ".".join(str(x) for x in err["loc"]) or None
-        raise ApiError(400, f"{field}: {err['msg']}" + (f" (and {len(e.errors()) - 1} more)" if len(e.errors()) > 1
-                                                         else ""), param=field) from None
+        raise ApiError(
+            400,
+            f"{field}: {err['msg']}" + (f" (and {len(e.errors()) - 1} more)" if len(e.errors()) > 1 else ""),
+            param=field,
+        ) from None
     if req.model not in (cfg.model_id, *OPENAI_MODELS):
-        raise ApiError(400, f"model {req.model!r} is not served here; use {cfg.model_id!r} "
-                            f"(or one of {', '.join(OPENAI_MODELS)}, which name it too)", "model", "model_not_found")
+        raise ApiError(
+            400,
+            f"model {req.model!r} is not served here; use {cfg.model_id!r} "
+            f"(or one of {', '.join(OPENAI_MODELS)}, which name it too)",
+            "model",
+            "model_not_found",
+        )
     if len(req.input) > cfg.max_input_chars:
-        raise ApiError(413, f"input has {len(req.input)} characters, more than this server's limit of "
-                            f"{cfg.max_input_chars}; split the text into several requests", "input")
+        raise ApiError(
+            413,
+            f"input has {len(req.input)} characters, more than this server's limit of "
+            f"{cfg.max_input_chars}; split the text into several requests",
+            "input",
+        )
     if (why := formats.format_error(req.response_format)) is not None:
         raise ApiError(400, why, "response_format")
     if not 0.25 <= req.speed <= 4.0:
         raise ApiError(400, f"speed must be between 0.25 and 4.0, got {req.speed}", "speed")
     if req.speed != 1.0:
-        raise ApiError(400, "speed: only 1.0 is supported; ttsq models have no trained speed control "
-                            "(resample the audio on your side)", "speed")
+        raise ApiError(
+            400,
+            "speed: only 1.0 is supported; ttsq models have no trained speed control (resample the audio on your side)",
+            "speed",
+        )
     if req.instructions:
         raise ApiError(400, "instructions are not supported by ttsq models; leave the field out", "instructions")
     if req.stream_format not in (None, "audio"):
-        raise ApiError(400, f"stream_format {req.stream_format!r} is not supported; leave it out (wav and pcm "
-                            "stream as raw audio)", "stream_format")
+        raise ApiError(
+            400,
+            f"stream_format {req.stream_format!r} is not supported; leave it out (wav and pcm stream as raw audio)",
+            "stream_format",
+        )
     return req
 
 
@@ -128,8 +152,14 @@ def create_app(scheduler: Scheduler, cfg: ServerConfig | None = None) -> FastAPI
     @app.get("/health")
     async def health():
         closing = scheduler._closing
-        body = {"status": "draining" if closing else "ok", "model": cfg.model_id, "queue_depth": scheduler.queue_depth,
-                "active": scheduler.active, "slots": scheduler.slots, "max_queue": scheduler.max_queue}
+        body = {
+            "status": "draining" if closing else "ok",
+            "model": cfg.model_id,
+            "queue_depth": scheduler.queue_depth,
+            "active": scheduler.active,
+            "slots": scheduler.slots,
+            "max_queue": scheduler.max_queue,
+        }
         return JSONResponse(body, status_code=503 if closing else 200)
 
     @app.get("/v1/models")
@@ -151,15 +181,20 @@ def create_app(scheduler: Scheduler, cfg: ServerConfig | None = None) -> FastAPI
             loop.call_soon_threadsafe(events.put_nowait, (kind, data))
 
         if names_a_file(req.voice):
-            raise ApiError(400, "voice: the server reads no files for a speaker; send the speaker string itself",
-                           "voice")
+            raise ApiError(
+                400, "voice: the server reads no files for a speaker; send the speaker string itself", "voice"
+            )
         try:
             job = scheduler.submit(req.input, speaker=req.voice, seed=req.seed, on_event=on_event)
         except TextError as e:
             raise ApiError(400, f"input: {e}", "input") from None
         except QueueFull as e:
-            raise ApiError(429, f"{e}: the server is at capacity ({scheduler.slots} running, {scheduler.max_queue} "
-                                "queued)", code="rate_limit_exceeded", headers={"Retry-After": str(e.retry_after)})
+            raise ApiError(
+                429,
+                f"{e}: the server is at capacity ({scheduler.slots} running, {scheduler.max_queue} queued)",
+                code="rate_limit_exceeded",
+                headers={"Retry-After": str(e.retry_after)},
+            )
         except Closed as e:
             raise ApiError(503, f"{e}; retry on another replica or later", headers={"Retry-After": "5"}) from None
         except ValueError as e:  # the speaker
@@ -172,8 +207,10 @@ def create_app(scheduler: Scheduler, cfg: ServerConfig | None = None) -> FastAPI
         if kind == "error":
             raise error_of(data)
         if req.response_format in formats.STREAMED:
-            return StreamingResponse(_stream(job, first, events, req.response_format, sample_rate),
-                                     media_type=formats.media_type(req.response_format))
+            return StreamingResponse(
+                _stream(job, first, events, req.response_format, sample_rate),
+                media_type=formats.media_type(req.response_format),
+            )
         pieces = []
         try:
             while kind == "audio":

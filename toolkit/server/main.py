@@ -1,5 +1,6 @@
 """`ttsq serve`: load the model, warm it up, and serve the app with uvicorn until SIGINT/SIGTERM (which lets the
 requests in flight finish)."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -41,8 +42,11 @@ def serve(opts: ServeOptions) -> int:
     import uvicorn
 
     app = build(opts)
-    print(f"ttsq serve: {app.state.config.model_id} on {app.state.scheduler.synth.device} "
-          f"({app.state.scheduler.synth.precision}), {opts.slots} slots; POST http://{opts.host}:{opts.port}"
-          "/v1/audio/speech", flush=True)
+    print(
+        f"ttsq serve: {app.state.config.model_id} on {app.state.scheduler.synth.device} "
+        f"({app.state.scheduler.synth.precision}), {opts.slots} slots; POST http://{opts.host}:{opts.port}"
+        "/v1/audio/speech",
+        flush=True,
+    )
     uvicorn.run(app, host=opts.host, port=opts.port, timeout_graceful_shutdown=opts.graceful_s, log_level="info")
     return 0

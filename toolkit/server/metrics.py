@@ -1,4 +1,5 @@
 """Prometheus metrics of the speech server (prometheus_client, one registry per app)."""
+
 from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector, generate_latest
@@ -15,26 +16,37 @@ class ServerMetrics:
         self.registry = r = CollectorRegistry()
         ProcessCollector(registry=r)  # process_resident_memory_bytes, cpu seconds, open fds
         self.requests = Counter("ttsq_requests", "speech requests by outcome", ["outcome"], registry=r)
-        self.rejected = Counter("ttsq_rejected", "speech requests refused before queueing, by HTTP status",
-                                ["status"], registry=r)
-        self.ttfa = Histogram("ttsq_time_to_first_audio_seconds", "request received to first audio rendered",
-                              buckets=TTFA_BUCKETS, registry=r)
-        self.rtf = Histogram("ttsq_rtf", "request received to last audio, over the audio's duration",
-                             buckets=RTF_BUCKETS, registry=r)
+        self.rejected = Counter(
+            "ttsq_rejected", "speech requests refused before queueing, by HTTP status", ["status"], registry=r
+        )
+        self.ttfa = Histogram(
+            "ttsq_time_to_first_audio_seconds",
+            "request received to first audio rendered",
+            buckets=TTFA_BUCKETS,
+            registry=r,
+        )
+        self.rtf = Histogram(
+            "ttsq_rtf", "request received to last audio, over the audio's duration", buckets=RTF_BUCKETS, registry=r
+        )
         self.audio = Counter("ttsq_audio_seconds", "audio seconds generated", registry=r)
         self.steps = Counter("ttsq_gpt_steps", "GPT steps before EOS, over all requests", registry=r)
         Gauge("ttsq_queue_depth", "requests waiting for a decode slot", registry=r).set_function(
-            lambda: scheduler.queue_depth)
+            lambda: scheduler.queue_depth
+        )
         Gauge("ttsq_active_requests", "requests in the running decode batch", registry=r).set_function(
-            lambda: scheduler.active)
+            lambda: scheduler.active
+        )
         Gauge("ttsq_slots", "decode slots (the batch's largest size)", registry=r).set_function(lambda: scheduler.slots)
         device = scheduler.synth.device
         if device.type == "cuda":
             import torch
+
             Gauge("ttsq_device_memory_allocated_bytes", "torch tensors on the device", registry=r).set_function(
-                lambda: torch.cuda.memory_allocated(device))
+                lambda: torch.cuda.memory_allocated(device)
+            )
             Gauge("ttsq_device_memory_peak_bytes", "peak of torch tensors on the device", registry=r).set_function(
-                lambda: torch.cuda.max_memory_allocated(device))
+                lambda: torch.cuda.max_memory_allocated(device)
+            )
         self.sample_rate = scheduler.synth.sample_rate
 
     def job_event(self, job: Job, kind: str) -> None:

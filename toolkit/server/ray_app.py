@@ -7,6 +7,7 @@ ongoing requests (its decode batch plus its queue) near `target_ongoing`. Each r
     ray start --head                                   # on each machine: `ray start --address HEAD:6379 --num-gpus N`
     python -m toolkit.server.ray_app --device cuda --precision bf16 --min-replicas 1 --max-replicas 8 --port 8000
 """
+
 from __future__ import annotations
 
 import argparse
@@ -15,7 +16,9 @@ import sys
 from .main import ServeOptions
 
 
-def deployment(opts: ServeOptions, *, min_replicas: int = 1, max_replicas: int = 1, target_ongoing: float | None = None):
+def deployment(
+    opts: ServeOptions, *, min_replicas: int = 1, max_replicas: int = 1, target_ongoing: float | None = None
+):
     """A bound Ray Serve application of the app; on CUDA each replica holds one GPU (Ray sets its visible device).
     target_ongoing: the requests per replica the autoscaler aims at (default: its slots, a full decode batch)."""
     from ray import serve
@@ -24,6 +27,7 @@ def deployment(opts: ServeOptions, *, min_replicas: int = 1, max_replicas: int =
 
     def asgi_app():  # runs in each replica: loads the model there, on the GPU Ray gave it
         from .main import build
+
         return build(ServeOptions(**{**vars(opts), "device": "cuda" if gpu else opts.device}))
 
     @serve.deployment(
@@ -31,9 +35,13 @@ def deployment(opts: ServeOptions, *, min_replicas: int = 1, max_replicas: int =
         ray_actor_options={"num_gpus": 1} if gpu else {"num_cpus": 1},
         # beyond a replica's slots and queue, requests wait in Ray's proxy instead of getting the replica's 429
         max_ongoing_requests=opts.slots + opts.max_queue,
-        autoscaling_config={"min_replicas": min_replicas, "max_replicas": max_replicas,
-                            "target_ongoing_requests": target_ongoing or opts.slots,
-                            "upscale_delay_s": 10, "downscale_delay_s": 120},
+        autoscaling_config={
+            "min_replicas": min_replicas,
+            "max_replicas": max_replicas,
+            "target_ongoing_requests": target_ongoing or opts.slots,
+            "upscale_delay_s": 10,
+            "downscale_delay_s": 120,
+        },
         graceful_shutdown_timeout_s=opts.graceful_s,
     )
     @serve.ingress(asgi_app)
@@ -44,8 +52,11 @@ def deployment(opts: ServeOptions, *, min_replicas: int = 1, max_replicas: int =
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m toolkit.server.ray_app", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m toolkit.server.ray_app",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--model")
     p.add_argument("--precision")
     p.add_argument("--device", default=None, help="cuda (one GPU per replica, the default) or cpu")
@@ -63,8 +74,12 @@ def main(argv: list[str] | None = None) -> int:
     ray.init(address=a.address)
     serve.start(http_options={"host": a.host, "port": a.port})
     opts = ServeOptions(a.model, a.precision, a.device, a.host, a.port, a.slots, a.max_queue)
-    serve.run(deployment(opts, min_replicas=a.min_replicas, max_replicas=a.max_replicas), name="ttsq",
-              route_prefix="/", blocking=True)
+    serve.run(
+        deployment(opts, min_replicas=a.min_replicas, max_replicas=a.max_replicas),
+        name="ttsq",
+        route_prefix="/",
+        blocking=True,
+    )
     return 0
 
 

@@ -7,6 +7,7 @@ A picture per sentence, training sentences on the top row, held-out ones below.
 
     python -m toolkit.voice.alignment --corpus DIR --out docs/voice/alignment.png [--n 3] [--json FILE]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -39,7 +40,7 @@ def sentence_alignment(syn, text: str, speaker: str, max_new_tokens: int = 450) 
     T, N = torch.tensor([emb.shape[1]]), torch.tensor([n])
     att = text_attention(layer, *seen["x"][:3], T, GUIDED_HEADS)  # (1, h, L, L)
     mass = float(off_diagonal_mass(att, T, N))
-    rows = att[0].mean(0)[emb.shape[1] - 1: emb.shape[1] - 1 + n, : emb.shape[1]]  # code steps x text positions
+    rows = att[0].mean(0)[emb.shape[1] - 1 : emb.shape[1] - 1 + n, : emb.shape[1]]  # code steps x text positions
     return rows.cpu().numpy(), mass, bool(gen.finished[0])
 
 
@@ -52,6 +53,7 @@ def main(argv=None) -> int:
     ap.add_argument("--json", type=Path, default=None, help="the per-sentence figures")
     a = ap.parse_args(argv)
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
@@ -66,10 +68,19 @@ def main(argv=None) -> int:
         for c, it in enumerate(group):
             att, mass, eos = sentence_alignment(syn, it["text"], it["speaker"])
             at_end = np.flatnonzero(att.argmax(1) >= att.shape[1] - 2)  # steps reading the last text positions
-            rows.append({"split": split, "id": it["id"], "lang": it["lang"], "text": it["text"],
-                         "code_steps": att.shape[0], "text_positions": att.shape[1],
-                         "off_diagonal_mass": round(mass, 4), "eos": eos,
-                         "steps_after_text_end": int(att.shape[0] - at_end[0]) if len(at_end) else None})
+            rows.append(
+                {
+                    "split": split,
+                    "id": it["id"],
+                    "lang": it["lang"],
+                    "text": it["text"],
+                    "code_steps": att.shape[0],
+                    "text_positions": att.shape[1],
+                    "off_diagonal_mass": round(mass, 4),
+                    "eos": eos,
+                    "steps_after_text_end": int(att.shape[0] - at_end[0]) if len(at_end) else None,
+                }
+            )
             ax = axes[r, c]
             ax.imshow(att.T, origin="lower", aspect="auto", interpolation="nearest")
             ax.set_title(f"{split} {it['id']} ({it['lang']}): off-diagonal {mass:.2f}", fontsize=9)

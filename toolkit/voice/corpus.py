@@ -37,6 +37,7 @@ PCM: far smaller, so a much larger corpus still travels to the GPU, where the GP
 train.py --vocos-on-decoder (the vocoder fine-tuned on the Decoder's mels of those utterances).
 The corpus is generated, never committed.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -57,33 +58,203 @@ MAX_SECONDS = 8.0
 
 # ----------------------------------------------------------------------------------------------
 # English text
-EN_SUBJ = ["The teacher", "My brother", "A small dog", "Our neighbor", "The old man", "She", "He", "They", "We",
-           "The children", "Doctor Lee", "The pilot", "My sister", "The manager", "Everyone", "Nobody",
-           "The little girl", "A young student", "The driver", "Grandma", "The team", "Our friends", "I", "You",
-           "The baker", "A tall woman", "The police officer", "Mister Brown", "The cat", "Her parents"]
-EN_VERB = ["found", "bought", "painted", "opened", "carried", "forgot", "needs", "wants", "likes", "cleaned",
-           "sold", "borrowed", "fixed", "lost", "watched", "picked up", "dropped", "ordered", "wrapped", "moved",
-           "checked", "described", "built", "visited", "remembered", "washed", "brought", "sent"]
-EN_OBJ = ["a red umbrella", "the heavy box", "three apples", "an old map", "the kitchen table", "a new bicycle",
-          "the front door", "two tickets", "a cup of coffee", "the yellow house", "some fresh bread",
-          "the broken window", "a long letter", "the blue car", "a bag of rice", "the garden fence",
-          "a silver ring", "the empty bottle", "a warm jacket", "the morning paper", "five pencils",
-          "the wooden chair", "a bunch of flowers", "the quiet room", "a tiny kitten", "the school bus"]
-EN_PLACE = ["in the park", "at the station", "near the river", "behind the library", "in the city center",
-            "at home", "on the bridge", "in the small village", "at the airport", "inside the museum",
-            "by the sea", "at the market", "on the second floor", "under the old tree", "in the office"]
-EN_TIME = ["this morning", "last night", "yesterday", "on Monday", "every Sunday", "after lunch",
-           "before dinner", "in the spring", "at midnight", "two weeks ago", "next Friday", "today"]
-EN_ADJ = ["beautiful", "strange", "wonderful", "terrible", "quiet", "busy", "bright", "cold", "funny", "lovely",
-          "difficult", "simple", "huge", "clever", "gentle", "noisy"]
-EN_NOUN = ["day", "idea", "story", "song", "garden", "answer", "morning", "journey", "surprise", "city",
-           "dinner", "question", "picture", "game", "holiday"]
-EN_SHORT = ["Yes.", "No.", "Thank you.", "Good morning!", "Okay, let's go.", "Hello there.", "See you soon.",
-            "Wait a moment.", "Of course.", "Not today.", "Excuse me?", "Well done!", "Good night.", "I agree.",
-            "Really?", "Come in, please.", "Happy birthday!", "Be careful!", "Sounds good.", "Why not?",
-            "Hurry up!", "Welcome back.", "That's right.", "Never mind.", "Take care."]
-MONTHS = ["January", "February", "March", "April", "May", "June", "July", "August", "September", "October",
-          "November", "December"]
+EN_SUBJ = [
+    "The teacher",
+    "My brother",
+    "A small dog",
+    "Our neighbor",
+    "The old man",
+    "She",
+    "He",
+    "They",
+    "We",
+    "The children",
+    "Doctor Lee",
+    "The pilot",
+    "My sister",
+    "The manager",
+    "Everyone",
+    "Nobody",
+    "The little girl",
+    "A young student",
+    "The driver",
+    "Grandma",
+    "The team",
+    "Our friends",
+    "I",
+    "You",
+    "The baker",
+    "A tall woman",
+    "The police officer",
+    "Mister Brown",
+    "The cat",
+    "Her parents",
+]
+EN_VERB = [
+    "found",
+    "bought",
+    "painted",
+    "opened",
+    "carried",
+    "forgot",
+    "needs",
+    "wants",
+    "likes",
+    "cleaned",
+    "sold",
+    "borrowed",
+    "fixed",
+    "lost",
+    "watched",
+    "picked up",
+    "dropped",
+    "ordered",
+    "wrapped",
+    "moved",
+    "checked",
+    "described",
+    "built",
+    "visited",
+    "remembered",
+    "washed",
+    "brought",
+    "sent",
+]
+EN_OBJ = [
+    "a red umbrella",
+    "the heavy box",
+    "three apples",
+    "an old map",
+    "the kitchen table",
+    "a new bicycle",
+    "the front door",
+    "two tickets",
+    "a cup of coffee",
+    "the yellow house",
+    "some fresh bread",
+    "the broken window",
+    "a long letter",
+    "the blue car",
+    "a bag of rice",
+    "the garden fence",
+    "a silver ring",
+    "the empty bottle",
+    "a warm jacket",
+    "the morning paper",
+    "five pencils",
+    "the wooden chair",
+    "a bunch of flowers",
+    "the quiet room",
+    "a tiny kitten",
+    "the school bus",
+]
+EN_PLACE = [
+    "in the park",
+    "at the station",
+    "near the river",
+    "behind the library",
+    "in the city center",
+    "at home",
+    "on the bridge",
+    "in the small village",
+    "at the airport",
+    "inside the museum",
+    "by the sea",
+    "at the market",
+    "on the second floor",
+    "under the old tree",
+    "in the office",
+]
+EN_TIME = [
+    "this morning",
+    "last night",
+    "yesterday",
+    "on Monday",
+    "every Sunday",
+    "after lunch",
+    "before dinner",
+    "in the spring",
+    "at midnight",
+    "two weeks ago",
+    "next Friday",
+    "today",
+]
+EN_ADJ = [
+    "beautiful",
+    "strange",
+    "wonderful",
+    "terrible",
+    "quiet",
+    "busy",
+    "bright",
+    "cold",
+    "funny",
+    "lovely",
+    "difficult",
+    "simple",
+    "huge",
+    "clever",
+    "gentle",
+    "noisy",
+]
+EN_NOUN = [
+    "day",
+    "idea",
+    "story",
+    "song",
+    "garden",
+    "answer",
+    "morning",
+    "journey",
+    "surprise",
+    "city",
+    "dinner",
+    "question",
+    "picture",
+    "game",
+    "holiday",
+]
+EN_SHORT = [
+    "Yes.",
+    "No.",
+    "Thank you.",
+    "Good morning!",
+    "Okay, let's go.",
+    "Hello there.",
+    "See you soon.",
+    "Wait a moment.",
+    "Of course.",
+    "Not today.",
+    "Excuse me?",
+    "Well done!",
+    "Good night.",
+    "I agree.",
+    "Really?",
+    "Come in, please.",
+    "Happy birthday!",
+    "Be careful!",
+    "Sounds good.",
+    "Why not?",
+    "Hurry up!",
+    "Welcome back.",
+    "That's right.",
+    "Never mind.",
+    "Take care.",
+]
+MONTHS = [
+    "January",
+    "February",
+    "March",
+    "April",
+    "May",
+    "June",
+    "July",
+    "August",
+    "September",
+    "October",
+    "November",
+    "December",
+]
 EN_CONJ = [", and ", ", but ", ", so ", " because ", " while ", ", although ", "; however, ", " when ", " after "]
 
 
@@ -157,19 +328,104 @@ def _lower_first(s: str) -> str:
 
 # ----------------------------------------------------------------------------------------------
 # Mandarin text (Han characters; espeak-ng reads them through its zh dictionary)
-ZH_SUBJ = ["我", "你", "他", "她", "我们", "老师", "妈妈", "爸爸", "小明", "学生们", "医生", "我的朋友", "这只小狗",
-           "奶奶", "哥哥", "妹妹", "经理", "大家", "司机", "那个孩子", "王先生", "李老师"]
-ZH_VERB = ["喜欢", "看见了", "买了", "想要", "需要", "找到了", "带来了", "打开了", "忘记了", "拿走了", "借了",
-           "修好了", "送给我", "洗干净了", "准备了", "画了"]
-ZH_OBJ = ["一本书", "苹果", "新电脑", "那辆车", "一杯咖啡", "很多花", "这个问题", "两张票", "一封信", "红色的雨伞",
-          "那张桌子", "一只小猫", "新衣服", "一碗米饭", "这扇门", "一张地图", "三个杯子", "一份报纸"]
-ZH_PLACE = ["在北京", "在学校", "在家里", "在公园里", "在图书馆", "在上海", "在火车站", "在商店里", "在河边",
-            "在办公室", "在医院", "在饭馆里"]
+ZH_SUBJ = [
+    "我",
+    "你",
+    "他",
+    "她",
+    "我们",
+    "老师",
+    "妈妈",
+    "爸爸",
+    "小明",
+    "学生们",
+    "医生",
+    "我的朋友",
+    "这只小狗",
+    "奶奶",
+    "哥哥",
+    "妹妹",
+    "经理",
+    "大家",
+    "司机",
+    "那个孩子",
+    "王先生",
+    "李老师",
+]
+ZH_VERB = [
+    "喜欢",
+    "看见了",
+    "买了",
+    "想要",
+    "需要",
+    "找到了",
+    "带来了",
+    "打开了",
+    "忘记了",
+    "拿走了",
+    "借了",
+    "修好了",
+    "送给我",
+    "洗干净了",
+    "准备了",
+    "画了",
+]
+ZH_OBJ = [
+    "一本书",
+    "苹果",
+    "新电脑",
+    "那辆车",
+    "一杯咖啡",
+    "很多花",
+    "这个问题",
+    "两张票",
+    "一封信",
+    "红色的雨伞",
+    "那张桌子",
+    "一只小猫",
+    "新衣服",
+    "一碗米饭",
+    "这扇门",
+    "一张地图",
+    "三个杯子",
+    "一份报纸",
+]
+ZH_PLACE = [
+    "在北京",
+    "在学校",
+    "在家里",
+    "在公园里",
+    "在图书馆",
+    "在上海",
+    "在火车站",
+    "在商店里",
+    "在河边",
+    "在办公室",
+    "在医院",
+    "在饭馆里",
+]
 ZH_TIME = ["今天", "明天早上", "昨天晚上", "下午", "星期五", "周末", "每天", "去年", "刚才", "晚饭以后"]
 ZH_ADJ = ["很好", "非常热", "有点冷", "特别漂亮", "很安静", "太忙了", "很有意思", "非常简单"]
 ZH_NOUN = ["天气", "这个城市", "那本书", "这首歌", "今天的课", "他的房间", "这个办法", "公园"]
-ZH_SHORT = ["你好！", "谢谢你。", "没问题。", "好的。", "再见！", "对不起。", "早上好！", "请进。", "没关系。",
-            "太好了！", "真的吗？", "晚安。", "请等一下。", "我知道了。", "不客气。", "小心！", "欢迎回来。"]
+ZH_SHORT = [
+    "你好！",
+    "谢谢你。",
+    "没问题。",
+    "好的。",
+    "再见！",
+    "对不起。",
+    "早上好！",
+    "请进。",
+    "没关系。",
+    "太好了！",
+    "真的吗？",
+    "晚安。",
+    "请等一下。",
+    "我知道了。",
+    "不客气。",
+    "小心！",
+    "欢迎回来。",
+]
 ZH_CONJ = [("", "，但是"), ("因为", "，所以"), ("", "，然后"), ("虽然", "，但是"), ("", "，而且"), ("如果", "，就")]
 
 
@@ -275,8 +531,9 @@ def _template_texts(n_train: int, n_heldout: int, seed: int, unseen: frozenset[s
         if len(out) < n_heldout and (len(text) < (12 if lang == "en" else 5) or text in unseen):
             continue  # held-out: real sentences, never trained on
         seen.add(text)
-        out.append({"lang": lang, "text": text, "split": "heldout" if len(out) < n_heldout else "train",
-                    "source": "templates"})
+        out.append(
+            {"lang": lang, "text": text, "split": "heldout" if len(out) < n_heldout else "train", "source": "templates"}
+        )
     held = {o["text"] for o in out[:n_heldout]}
     out = out[:n_heldout] + [o for o in out[n_heldout:] if o["text"] not in held]
     spk_names = list(SPEAKERS)
@@ -301,12 +558,21 @@ def _natural_heldout(n: int, seed: int, unseen: frozenset[str]) -> list[dict]:
     for i in range(n):
         lang = "en" if i % 2 == 0 else "zh"
         if not pools[lang]:
-            raise ValueError(f"--heldout {n}: the held-out natural sets hold too few sentences not in --unseen-by "
-                             f"({sources.HELDOUT_SETS[lang]})")
+            raise ValueError(
+                f"--heldout {n}: the held-out natural sets hold too few sentences not in --unseen-by "
+                f"({sources.HELDOUT_SETS[lang]})"
+            )
         rec = pools[lang].pop(0)
         spk = rec["speaker"].rpartition("/")[2]
-        out.append({"lang": lang, "text": rec["text"], "split": "heldout", "source": rec["id"].rpartition("-")[0],
-                    "speaker": spk if spk in SPEAKERS else list(SPEAKERS)[i // 2 % len(SPEAKERS)]})
+        out.append(
+            {
+                "lang": lang,
+                "text": rec["text"],
+                "split": "heldout",
+                "source": rec["id"].rpartition("-")[0],
+                "speaker": spk if spk in SPEAKERS else list(SPEAKERS)[i // 2 % len(SPEAKERS)],
+            }
+        )
     return out
 
 
@@ -324,8 +590,10 @@ class _Draw:
 
         pool = sources.natural_pool(lang)
         if not pool:
-            raise RuntimeError(f"no natural {lang} text found: install the Debian packages fortunes, fortunes-min and "
-                               "fortunes-zh, and the voicelab extra (pip install -e '.[voicelab]')")
+            raise RuntimeError(
+                f"no natural {lang} text found: install the Debian packages fortunes, fortunes-min and "
+                "fortunes-zh, and the voicelab extra (pip install -e '.[voicelab]')"
+            )
         if not self.order.get(lang):
             if lang in self.order:
                 self.restarts[lang] += 1
@@ -347,8 +615,14 @@ class _Draw:
         return "templates", en_sentence(r) if lang == "en" else zh_sentence(r)
 
 
-def make_texts(n_train: int, n_heldout: int, seed: int, unseen: frozenset[str] = frozenset(),
-               mix: dict[str, float] | None = None, heldout_from: str = "natural") -> list[dict]:
+def make_texts(
+    n_train: int,
+    n_heldout: int,
+    seed: int,
+    unseen: frozenset[str] = frozenset(),
+    mix: dict[str, float] | None = None,
+    heldout_from: str = "natural",
+) -> list[dict]:
     """Texts alternating English and Mandarin: the held-out ones first, none of them in `unseen` (the texts a model
     was trained on, for a fresh held-out set), then the training ones, their kinds drawn by `mix` (parse_mix;
     default DEFAULT_MIX). heldout_from 'natural': the committed held-out natural sets (kept apart by source: no
@@ -417,7 +691,9 @@ def save_pack(folder: Path, **arrays) -> None:
     dm = np.diff(mel.astype(np.int16), axis=0, prepend=np.zeros((1, mel.shape[1]), np.int16)).astype(np.uint8)
     (folder / "mel.u8.xz").write_bytes(lzma.compress(dm.tobytes(), preset=6))
     dw = np.diff(wav.astype(np.int32), prepend=0).astype(np.int16)  # wraps mod 2^16, undone by cumsum
-    (folder / "wav.i16.xz").write_bytes(lzma.compress(dw.tobytes(), preset=0))  # PCM: a low preset, much faster for little size
+    (folder / "wav.i16.xz").write_bytes(
+        lzma.compress(dw.tobytes(), preset=0)
+    )  # PCM: a low preset, much faster for little size
 
 
 def load_pack(folder: Path) -> dict:
@@ -440,8 +716,10 @@ def code_encoder(encoder: Path, vocab: int):
     import torch
     from safetensors.torch import load_file
 
-    from ..models.dvae_encoder import VoiceEncoder as DVAEEncoder, codes_from_digits, quantise
+    from ..models.dvae_encoder import VoiceEncoder as DVAEEncoder
+    from ..models.dvae_encoder import codes_from_digits, quantise
     from .config import voice_config
+
     cfg = voice_config(vocab)
     enc = DVAEEncoder(cfg)
     enc.load_state_dict({k: v.float() for k, v in load_file(str(encoder)).items()})
@@ -452,6 +730,7 @@ def code_encoder(encoder: Path, vocab: int):
         F = mel.shape[-1] // 2 * 2
         _, digits = quantise(enc(mel[..., :F]), cfg.gfsq.residuals)
         return codes_from_digits(digits)[0].numpy().astype(np.int16)
+
     return encode
 
 
@@ -468,15 +747,18 @@ def text_stats(items: list[dict], tokenizer: Path | None = None) -> dict:
     from collections import Counter
 
     train = [it for it in items if it["split"] == "train"]
-    out: dict = {"utterances": len(train),
-                 "kinds": dict(Counter(_kind(it.get("source", "templates")) for it in train)),
-                 "sources": dict(sorted(Counter(it.get("source", "templates") for it in train).items()))}
+    out: dict = {
+        "utterances": len(train),
+        "kinds": dict(Counter(_kind(it.get("source", "templates")) for it in train)),
+        "sources": dict(sorted(Counter(it.get("source", "templates") for it in train).items())),
+    }
     en = [it["text"] for it in train if it["lang"] == "en"]
     zh = [it["text"] for it in train if it["lang"] == "zh"]
     en_words = Counter(w for t in en for w in re.findall(r"[a-z]+(?:'[a-z]+)?", t.lower()))
     out["en_words"] = {"distinct": len(en_words), "tokens": sum(en_words.values())}
     try:
         import warnings
+
         with warnings.catch_warnings():  # jieba 0.42 imports pkg_resources, which warns
             warnings.simplefilter("ignore")
             import jieba
@@ -491,7 +773,7 @@ def text_stats(items: list[dict], tokenizer: Path | None = None) -> dict:
         for it in train:
             for w in it["phonemes"].split():
                 sym.update(w)
-                pairs.update(w[i:i + 2] for i in range(len(w) - 1))
+                pairs.update(w[i : i + 2] for i in range(len(w) - 1))
                 if it["lang"] == "zh":
                     syll.update(re.findall(r"[^\s\d]+?\d", w))
         out["phonemes"] = {"symbols": len(sym), "symbol_pairs": len(pairs), "zh_tonal_syllables": len(syll)}
@@ -503,10 +785,20 @@ def text_stats(items: list[dict], tokenizer: Path | None = None) -> dict:
     return out
 
 
-def build(out: Path, n_train: int, n_heldout: int, seed: int, workers: int, vocoder_seconds: float,
-          codes_from: Path | None = None, encoder: Path | None = None, keep_mels: bool = False,
-          unseen_by: tuple[Path, ...] = (), mix: dict[str, float] | None = None,
-          heldout_from: str = "natural") -> dict:
+def build(
+    out: Path,
+    n_train: int,
+    n_heldout: int,
+    seed: int,
+    workers: int,
+    vocoder_seconds: float,
+    codes_from: Path | None = None,
+    encoder: Path | None = None,
+    keep_mels: bool = False,
+    unseen_by: tuple[Path, ...] = (),
+    mix: dict[str, float] | None = None,
+    heldout_from: str = "natural",
+) -> dict:
     import soundfile as sf
     import torch
 
@@ -527,8 +819,9 @@ def build(out: Path, n_train: int, n_heldout: int, seed: int, workers: int, voco
         it["phonemes"] = fe(it["text"])
 
     def synth(it):  # kept as int16 PCM (espeak's own depth): a 40-hour corpus is then 6.6 GB in memory, not 13
-        return np.clip(np.round(trim(espeak_wav(it["text"], it["lang"], it["speaker"])) * 32767), -32768,
-                       32767).astype(np.int16)
+        return np.clip(np.round(trim(espeak_wav(it["text"], it["lang"], it["speaker"])) * 32767), -32768, 32767).astype(
+            np.int16
+        )
 
     with ThreadPoolExecutor(workers) as ex:
         wavs = list(ex.map(synth, items, chunksize=16))
@@ -541,8 +834,10 @@ def build(out: Path, n_train: int, n_heldout: int, seed: int, workers: int, voco
     encode = None
     if codes_from is not None:  # the voice's own tokenizer: the resumed GPT's text ids must not move
         import shutil
+
         shutil.copyfile(Path(codes_from) / "tokenizer.json", out / "tokenizer.json")
         from ..models.tokenizer import Tokenizer
+
         tok = Tokenizer(out / "tokenizer.json")
         unknown = sorted({c for c in inventory if not tok.has(c) and not c.isspace()})
         if unknown:
@@ -609,18 +904,39 @@ def build(out: Path, n_train: int, n_heldout: int, seed: int, workers: int, voco
         extra["codes"], extra["codes_off"] = cat(codes, np.int16)
     ids_all, ids_off = cat(ids, np.int16)
     wav_all, wav_off = cat(wav_parts, np.int16)
-    save_pack(out / "pack", mel=mel_all, mel_off=mel_off, ids=ids_all, ids_off=ids_off,
-              spk=np.array(spk, np.int16), lang=np.array(lang, np.int8), wav=wav_all, wav_off=wav_off,
-              wav_utt=np.array(wav_utt, np.int32), **extra)
-    info = {"speakers": spk_names, "mel_range": [MEL_LO, MEL_HI], "sample_rate": SR, "utterances": len(frames),
-            "content": "+".join(k for k, v in (("codes", codes), ("mel", mels)) if v),
-            "heldout": sum(it["split"] == "heldout" for it in items), "vocab_size": tok.vocab_size,
-            "train_seconds": round(float(mel_off[-1]) * 256 / SR, 1), "vocoder_seconds": round(len(wav_all) / SR, 1),
-            "pack_bytes": sum(f.stat().st_size for f in (out / "pack").iterdir()), "seed": seed,
-            "mix": mix, "heldout_from": heldout_from,
-            "text": text_stats(items, out / "tokenizer.json"), "build_seconds": round(time.time() - t0, 1)}
+    save_pack(
+        out / "pack",
+        mel=mel_all,
+        mel_off=mel_off,
+        ids=ids_all,
+        ids_off=ids_off,
+        spk=np.array(spk, np.int16),
+        lang=np.array(lang, np.int8),
+        wav=wav_all,
+        wav_off=wav_off,
+        wav_utt=np.array(wav_utt, np.int32),
+        **extra,
+    )
+    info = {
+        "speakers": spk_names,
+        "mel_range": [MEL_LO, MEL_HI],
+        "sample_rate": SR,
+        "utterances": len(frames),
+        "content": "+".join(k for k, v in (("codes", codes), ("mel", mels)) if v),
+        "heldout": sum(it["split"] == "heldout" for it in items),
+        "vocab_size": tok.vocab_size,
+        "train_seconds": round(float(mel_off[-1]) * 256 / SR, 1),
+        "vocoder_seconds": round(len(wav_all) / SR, 1),
+        "pack_bytes": sum(f.stat().st_size for f in (out / "pack").iterdir()),
+        "seed": seed,
+        "mix": mix,
+        "heldout_from": heldout_from,
+        "text": text_stats(items, out / "tokenizer.json"),
+        "build_seconds": round(time.time() - t0, 1),
+    }
     (out / "pack" / "pack.json").write_text(json.dumps(info, indent=2))
     import shutil
+
     shutil.copyfile(out / "tokenizer.json", out / "pack" / "tokenizer.json")
     print(json.dumps(info, indent=2))
     return info
@@ -633,28 +949,66 @@ def main(argv=None):
     ap.add_argument("--heldout", type=int, default=100, help="held-out sentences (evaluation only)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--workers", type=int, default=2)
-    ap.add_argument("--vocoder-seconds", type=float, default=None,
-                    help="seconds of PCM kept for the vocoder (default 200; 0 with --codes-from)")
-    ap.add_argument("--codes-from", type=Path, default=None,
-                    help="a trained voice folder: store its DVAE codes instead of mels (and reuse its tokenizer)")
-    ap.add_argument("--encoder", type=Path, default=SHIPPED_ENCODER,
-                    help="with --codes-from: the DVAE encoder the voice was trained with")
-    ap.add_argument("--keep-mels", action="store_true",
-                    help="with --codes-from: store the mels too, as real Decoder targets (train.py --freeze-gpt)")
-    ap.add_argument("--unseen-by", type=Path, action="append", default=[], metavar="CORPUS",
-                    help="held-out sentences none of whose texts are in CORPUS (repeatable): with another --seed, a "
-                         "fresh held-out set for a model trained on CORPUS")
-    ap.add_argument("--mix", type=_mix_arg, default=None, metavar="KIND=W,...",
-                    help="the training split's mixture of natural, random, numbers and templates sentences (weights, "
-                         "normalised; default " + ",".join(f"{k}={v}" for k, v in DEFAULT_MIX.items()) + "; "
-                         "templates=1 with --heldout-from templates: the corpus of voices v1-v11)")
-    ap.add_argument("--heldout-from", choices=["natural", "templates"], default="natural",
-                    help="held-out sentences from the committed held-out natural sets (calibration_sets/"
-                         "heldout_natural_{en,zh}.jsonl, default) or from the templates (as v1-v11 were measured)")
-    ap.add_argument("--dry-run", action="store_true",
-                    help="make the texts and their phonemes only (no audio, nothing written) and print their stats")
-    ap.add_argument("--stats", type=Path, default=None, metavar="CORPUS",
-                    help="print the text stats of a built corpus (its meta.jsonl) and exit")
+    ap.add_argument(
+        "--vocoder-seconds",
+        type=float,
+        default=None,
+        help="seconds of PCM kept for the vocoder (default 200; 0 with --codes-from)",
+    )
+    ap.add_argument(
+        "--codes-from",
+        type=Path,
+        default=None,
+        help="a trained voice folder: store its DVAE codes instead of mels (and reuse its tokenizer)",
+    )
+    ap.add_argument(
+        "--encoder",
+        type=Path,
+        default=SHIPPED_ENCODER,
+        help="with --codes-from: the DVAE encoder the voice was trained with",
+    )
+    ap.add_argument(
+        "--keep-mels",
+        action="store_true",
+        help="with --codes-from: store the mels too, as real Decoder targets (train.py --freeze-gpt)",
+    )
+    ap.add_argument(
+        "--unseen-by",
+        type=Path,
+        action="append",
+        default=[],
+        metavar="CORPUS",
+        help="held-out sentences none of whose texts are in CORPUS (repeatable): with another --seed, a "
+        "fresh held-out set for a model trained on CORPUS",
+    )
+    ap.add_argument(
+        "--mix",
+        type=_mix_arg,
+        default=None,
+        metavar="KIND=W,...",
+        help="the training split's mixture of natural, random, numbers and templates sentences (weights, "
+        "normalised; default " + ",".join(f"{k}={v}" for k, v in DEFAULT_MIX.items()) + "; "
+        "templates=1 with --heldout-from templates: the corpus of voices v1-v11)",
+    )
+    ap.add_argument(
+        "--heldout-from",
+        choices=["natural", "templates"],
+        default="natural",
+        help="held-out sentences from the committed held-out natural sets (calibration_sets/"
+        "heldout_natural_{en,zh}.jsonl, default) or from the templates (as v1-v11 were measured)",
+    )
+    ap.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="make the texts and their phonemes only (no audio, nothing written) and print their stats",
+    )
+    ap.add_argument(
+        "--stats",
+        type=Path,
+        default=None,
+        metavar="CORPUS",
+        help="print the text stats of a built corpus (its meta.jsonl) and exit",
+    )
     a = ap.parse_args(argv)
     if a.stats is not None:
         if not (a.stats / "meta.jsonl").is_file():
@@ -668,8 +1022,10 @@ def main(argv=None):
             ap.error(f"--unseen-by {c}: no meta.jsonl there; give a corpus folder that toolkit.voice.corpus built")
     if a.dry_run:
         from ..frontend import EspeakFrontend
-        unseen = frozenset(json.loads(line)["text"] for c in a.unseen_by
-                           for line in open(c / "meta.jsonl", encoding="utf-8"))
+
+        unseen = frozenset(
+            json.loads(line)["text"] for c in a.unseen_by for line in open(c / "meta.jsonl", encoding="utf-8")
+        )
         items = make_texts(a.train, a.heldout, a.seed, unseen, a.mix, a.heldout_from)
         fe = EspeakFrontend()
         for it in items:
@@ -681,8 +1037,20 @@ def main(argv=None):
         ap.error("--out is required (the corpus folder to build)")
     if a.vocoder_seconds is None:
         a.vocoder_seconds = 0.0 if a.codes_from else 200.0
-    build(a.out, a.train, a.heldout, a.seed, a.workers, a.vocoder_seconds, a.codes_from, a.encoder, a.keep_mels,
-          tuple(a.unseen_by), a.mix, a.heldout_from)
+    build(
+        a.out,
+        a.train,
+        a.heldout,
+        a.seed,
+        a.workers,
+        a.vocoder_seconds,
+        a.codes_from,
+        a.encoder,
+        a.keep_mels,
+        tuple(a.unseen_by),
+        a.mix,
+        a.heldout_from,
+    )
 
 
 if __name__ == "__main__":

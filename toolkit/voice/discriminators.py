@@ -6,6 +6,7 @@ Hinge adversarial loss and L1 feature matching, weighted as Vocos (mel reconstru
 feature matching 1 for the period and 0.1 for the resolution discriminators).
 Mel patches: the Decoder's log-mel windows against real ones, against the over-smoothing of a regression loss.
 """
+
 from __future__ import annotations
 
 import torch
@@ -37,7 +38,8 @@ class PeriodDiscriminator(nn.Module):
         chans = (1,) + tuple(widths)
         self.convs = nn.ModuleList(
             weight_norm(nn.Conv2d(c_in, c_out, (5, 1), (3 if i < len(widths) - 1 else 1, 1), (2, 0)))
-            for i, (c_in, c_out) in enumerate(zip(chans[:-1], chans[1:])))
+            for i, (c_in, c_out) in enumerate(zip(chans[:-1], chans[1:]))
+        )
         self.post = weight_norm(nn.Conv2d(widths[-1], 1, (3, 1), 1, (1, 0)))
 
     def forward(self, wav: Tensor) -> tuple[Tensor, list[Tensor]]:
@@ -52,8 +54,9 @@ class PatchDiscriminator(nn.Module):
 
     def __init__(self, shapes, width: int = 32):
         super().__init__()
-        self.convs = nn.ModuleList(weight_norm(nn.Conv2d(1 if i == 0 else width, width, k, s, p))
-                                   for i, (k, s, p) in enumerate(shapes))
+        self.convs = nn.ModuleList(
+            weight_norm(nn.Conv2d(1 if i == 0 else width, width, k, s, p)) for i, (k, s, p) in enumerate(shapes)
+        )
         self.post = weight_norm(nn.Conv2d(width, 1, 3, 1, 1))
 
     def forward(self, x: Tensor) -> tuple[Tensor, list[Tensor]]:
@@ -64,8 +67,16 @@ class ResolutionDiscriminator(PatchDiscriminator):
     """wav (B, T) -> logits over (frequency, time) of its STFT magnitude (compressed by a 0.3 power), features."""
 
     def __init__(self, n_fft: int, hop: int, width: int = 32):
-        super().__init__([((7, 5), (2, 2), (3, 2)), ((5, 3), (2, 1), (2, 1)), ((5, 3), (2, 1), (2, 1)),
-                          ((3, 3), (2, 1), (1, 1)), ((3, 3), (2, 2), (1, 1))], width)  # (kernel, stride, padding)
+        super().__init__(
+            [
+                ((7, 5), (2, 2), (3, 2)),
+                ((5, 3), (2, 1), (2, 1)),
+                ((5, 3), (2, 1), (2, 1)),
+                ((3, 3), (2, 1), (1, 1)),
+                ((3, 3), (2, 2), (1, 1)),
+            ],
+            width,
+        )  # (kernel, stride, padding)
         self.n_fft, self.hop = n_fft, hop
         self.register_buffer("window", torch.hann_window(n_fft), persistent=False)
 
@@ -79,8 +90,16 @@ class MelDiscriminator(PatchDiscriminator):
     regression loss smooths away (harmonics in the low bands, onsets) spans a few bins and frames."""
 
     def __init__(self, width: int = 32):
-        super().__init__([((3, 3), (1, 1), (1, 1)), ((5, 3), (2, 1), (2, 1)), ((5, 3), (2, 2), (2, 1)),
-                          ((3, 3), (2, 1), (1, 1)), ((3, 3), (2, 2), (1, 1))], width)
+        super().__init__(
+            [
+                ((3, 3), (1, 1), (1, 1)),
+                ((5, 3), (2, 1), (2, 1)),
+                ((5, 3), (2, 2), (2, 1)),
+                ((3, 3), (2, 1), (1, 1)),
+                ((3, 3), (2, 2), (1, 1)),
+            ],
+            width,
+        )
 
     def forward(self, mel: Tensor) -> tuple[Tensor, list[Tensor]]:
         return super().forward(((mel.float() + 5.0) / 3.0)[:, None])  # log-mels span about -11.5 .. 4.5
@@ -118,9 +137,10 @@ class Discriminators(DiscriminatorSet):
     """The vocoder's: waveforms (B, T)."""
 
     def __init__(self, periods=PERIODS, resolutions=RESOLUTIONS):
-        super().__init__([PeriodDiscriminator(p) for p in periods] +
-                         [ResolutionDiscriminator(n, h) for n, h in resolutions],
-                         [1.0] * len(periods) + [RESOLUTION_WEIGHT] * len(resolutions))
+        super().__init__(
+            [PeriodDiscriminator(p) for p in periods] + [ResolutionDiscriminator(n, h) for n, h in resolutions],
+            [1.0] * len(periods) + [RESOLUTION_WEIGHT] * len(resolutions),
+        )
 
 
 class MelDiscriminators(DiscriminatorSet):

@@ -1,4 +1,5 @@
 """espeak-ng's speech, the voice corpus's teacher: its six voices, at 24 kHz, silence trimmed."""
+
 from __future__ import annotations
 
 import io
@@ -24,6 +25,7 @@ def espeak_wav(text: str, lang: str, speaker: str) -> np.ndarray:
     x = pcm.astype(np.float32) / 32768.0
     if sr != SR:
         from math import gcd
+
         g = gcd(SR, sr)
         x = resample_poly(x, SR // g, sr // g).astype(np.float32)
     return x
@@ -34,4 +36,4 @@ def trim(x: np.ndarray, thresh: float = 1e-3, pad: int = 2400) -> np.ndarray:
     idx = np.flatnonzero(np.abs(x) > thresh)
     if len(idx) == 0:
         return x
-    return x[max(0, idx[0] - pad): idx[-1] + pad]
+    return x[max(0, idx[0] - pad) : idx[-1] + pad]

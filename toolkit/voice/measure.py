@@ -14,6 +14,7 @@ the share of sentences that reached EOS; between- vs within-speaker spectral dis
 spectrum per utterance, Euclidean, pairs of the same language only). Pictures: reference vs synthesized
 log-mel spectrograms of three held-out sentences.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -67,8 +68,15 @@ def transcribe_all(transcriber, items: list[dict], wavs: list[np.ndarray], sr: i
 
 def asr_row(heard: str, count) -> dict:
     """One clip's transcript and edit counts, as a per-sentence row keeps them (and --paired reads them back)."""
-    return {"heard": heard, "ref_tokens": count.ref_tokens, "sub": count.sub, "dele": count.dele, "ins": count.ins,
-            "language": count.language, "rate": count.rate}
+    return {
+        "heard": heard,
+        "ref_tokens": count.ref_tokens,
+        "sub": count.sub,
+        "dele": count.dele,
+        "ins": count.ins,
+        "language": count.language,
+        "rate": count.rate,
+    }
 
 
 def share_within_25pct(ratios) -> float:
@@ -106,8 +114,11 @@ def speaker_distances(items: list[dict], wavs: list[np.ndarray]) -> dict:
             continue
         d = float(np.linalg.norm(emb[i] - emb[j]))
         (within if items[i]["speaker"] == items[j]["speaker"] else between).append(d)
-    return {"within": float(np.mean(within)), "between": float(np.mean(between)),
-            "ratio": float(np.mean(between) / np.mean(within))}
+    return {
+        "within": float(np.mean(within)),
+        "between": float(np.mean(between)),
+        "ratio": float(np.mean(between) / np.mean(within)),
+    }
 
 
 def picture_text(item: dict) -> str:
@@ -119,6 +130,7 @@ def picture_text(item: dict) -> str:
 
 def picture(ref: np.ndarray, syn: np.ndarray, title: str, path: Path) -> None:
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     import torch
@@ -130,8 +142,15 @@ def picture(ref: np.ndarray, syn: np.ndarray, title: str, path: Path) -> None:
     fig, axes = plt.subplots(2, 1, figsize=(10, 5.5), sharex=True)
     for ax, w, name in zip(axes, (ref, syn), ("espeak-ng reference", "ttsq voice (synthesized)")):
         m = lm(torch.from_numpy(w.astype(np.float32))[None])[0].numpy()
-        ax.imshow(m, origin="lower", aspect="auto", vmin=-11.5, vmax=2.5, cmap="magma",
-                  extent=(0, m.shape[1] * 256 / 24000, 0, 100))
+        ax.imshow(
+            m,
+            origin="lower",
+            aspect="auto",
+            vmin=-11.5,
+            vmax=2.5,
+            cmap="magma",
+            extent=(0, m.shape[1] * 256 / 24000, 0, 100),
+        )
         ax.set_ylabel("mel bin")
         ax.set_title(f"{name}: {len(w) / 24000:.2f} s", fontsize=9)
     axes[1].set_xlabel("seconds")
@@ -172,8 +191,10 @@ def scored(xs: list[float]) -> list[float]:
 def dnsmos_tables(items: list[dict], **scores: list[dict]) -> dict:
     """Each DNSMOS part by voice (`dnsmos_ovrl_by_voice`, `_sig_`, `_bak_`) from per-sentence score dicts: the
     background part shows noise that a vocoder or Decoder adds, which the overall score alone hides."""
-    return {f"dnsmos_{part}_by_voice": by_voice(items, **{name: [s[part] for s in xs] for name, xs in scores.items()})
-            for part in DNSMOS_PARTS}
+    return {
+        f"dnsmos_{part}_by_voice": by_voice(items, **{name: [s[part] for s in xs] for name, xs in scores.items()})
+        for part in DNSMOS_PARTS
+    }
 
 
 def by_voice(items: list[dict], **series: list[float]) -> dict:
@@ -187,8 +208,9 @@ def by_voice(items: list[dict], **series: list[float]) -> dict:
         kept = [xs[i] for i in idx if i < len(xs) and np.isfinite(xs[i])]
         return float(np.mean(kept)) if kept else None
 
-    return {voice: {"n": len(idx), **{k: mean(xs, idx) for k, xs in series.items()}}
-            for voice, idx in sorted(rows.items())}
+    return {
+        voice: {"n": len(idx), **{k: mean(xs, idx) for k, xs in series.items()}} for voice, idx in sorted(rows.items())
+    }
 
 
 def paired(base: dict, new: dict) -> dict:
@@ -202,12 +224,17 @@ def paired(base: dict, new: dict) -> dict:
         raise SystemExit("no sentence is in both results: measure both with --json on the same corpus")
     other = [b["id"] for b, n in pairs if b.get("text") != n.get("text")]  # ids repeat across corpora of other seeds
     if other:
-        raise SystemExit(f"{len(other)} ids name different texts in the two results (first: {other[0]}): measure "
-                         "both on corpora of the same seed")
+        raise SystemExit(
+            f"{len(other)} ids name different texts in the two results (first: {other[0]}): measure "
+            "both on corpora of the same seed"
+        )
     out = {"sentences": len(pairs)}
     for key in ("dnsmos_ovrl", "mcd_db", "duration_ratio"):
-        both = [(b[key], n[key]) for b, n in pairs if b[key] is not None and n[key] is not None
-                and np.isfinite(b[key]) and np.isfinite(n[key])]
+        both = [
+            (b[key], n[key])
+            for b, n in pairs
+            if b[key] is not None and n[key] is not None and np.isfinite(b[key]) and np.isfinite(n[key])
+        ]
         if both:
             b, n = np.array(both).T
             out[key] = bootstrap_diff_ci(n, b)
@@ -217,9 +244,15 @@ def paired(base: dict, new: dict) -> dict:
 
         def count(r):
             return ErrorCount(r["ref_tokens"], r["sub"], r["dele"], r["ins"], r["language"])
-        out["asr_rate"] = {name: rate_diff_ci([count(n) for b, n in asr_pairs if n["language"] == lang],
-                                              [count(b) for b, n in asr_pairs if n["language"] == lang])
-                           for lang, name in METRIC_NAME.items() if any(n["language"] == lang for _, n in asr_pairs)}
+
+        out["asr_rate"] = {
+            name: rate_diff_ci(
+                [count(n) for b, n in asr_pairs if n["language"] == lang],
+                [count(b) for b, n in asr_pairs if n["language"] == lang],
+            )
+            for lang, name in METRIC_NAME.items()
+            if any(n["language"] == lang for _, n in asr_pairs)
+        }
     return out
 
 
@@ -230,22 +263,36 @@ def main(argv=None):
     ap.add_argument("--n", type=int, default=100)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--device", default="cpu")
-    ap.add_argument("--max-new-tokens", type=int, default=700, help="15 s; a sentence without EOS by then counts as a miss")
+    ap.add_argument(
+        "--max-new-tokens", type=int, default=700, help="15 s; a sentence without EOS by then counts as a miss"
+    )
     ap.add_argument("--json", type=Path, default=None)
     ap.add_argument("--pictures", type=Path, default=None)
     ap.add_argument("--dnsmos", type=int, default=100, help="how many sentences DNSMOS scores (slow on CPU)")
     ap.add_argument("--temperature", type=float, default=None, help="sampling temperature (default: ChatTTS's)")
     ap.add_argument("--top-p", type=float, default=None, help="top-p (default: ChatTTS's)")
     ap.add_argument("--repetition-penalty", type=float, default=None, help="(default: ChatTTS's)")
-    ap.add_argument("--speaker", default=None,
-                    help="one voice speaks every sentence ('default': the model's default voice, as `ttsq synth` "
-                         "without --speaker); its MCD is then against another speaker's reference where they differ")
-    ap.add_argument("--vocoder-only", action="store_true",
-                    help="only the copy-synthesis figures (the vocoder on the references' log-mels): no GPT")
+    ap.add_argument(
+        "--speaker",
+        default=None,
+        help="one voice speaks every sentence ('default': the model's default voice, as `ttsq synth` "
+        "without --speaker); its MCD is then against another speaker's reference where they differ",
+    )
+    ap.add_argument(
+        "--vocoder-only",
+        action="store_true",
+        help="only the copy-synthesis figures (the vocoder on the references' log-mels): no GPT",
+    )
     ap.add_argument("--no-asr", action="store_true", help="skip the intelligibility (WER/CER) figures: faster")
     ap.add_argument("--asr-model", default=None, help="a CTranslate2 Whisper folder (default: Whisper base)")
-    ap.add_argument("--paired", type=Path, nargs=2, metavar=("BASE", "NEW"), default=None,
-                    help="compare two --json results sentence by sentence (NEW - BASE) and stop; no --corpus needed")
+    ap.add_argument(
+        "--paired",
+        type=Path,
+        nargs=2,
+        metavar=("BASE", "NEW"),
+        default=None,
+        help="compare two --json results sentence by sentence (NEW - BASE) and stop; no --corpus needed",
+    )
     a = ap.parse_args(argv)
     if a.paired:
         base, new = (json.loads(f.read_text()) for f in a.paired)
@@ -254,8 +301,6 @@ def main(argv=None):
         ap.error("--corpus is required (except with --paired)")
 
     from evaluation.metrics import bootstrap_ci, mcd
-
-    import torch
 
     from ..models.vocos import LogMel
     from ..prompt import resolve_speaker
@@ -285,29 +330,39 @@ def main(argv=None):
     if transcriber is not None:  # intelligibility first: the references' and the vocoder's here, the synthesis' below
         from evaluation.asr import by_language
 
-        heard = {"reference": transcribe_all(transcriber, items, refs),
-                 "vocoded_reference": transcribe_all(transcriber, items, vocoded)}
+        heard = {
+            "reference": transcribe_all(transcriber, items, refs),
+            "vocoded_reference": transcribe_all(transcriber, items, vocoded),
+        }
         res["intelligibility"] = {k: by_language([c for _, c in v]) for k, v in heard.items()}
         res["asr"] = transcriber.settings()
-    res.update({
-        "mcd_settings": MCD_SETTINGS,
-        "dnsmos_ovrl_reference": bootstrap_ci(dn_ref),
-        "dnsmos_ovrl_vocoded_reference": bootstrap_ci(dn_voc),
-        "mcd_db_vocoded_reference": bootstrap_ci([mcd(r, v, 24000, align="dtw").value_db for r, v in zip(refs, vocoded)]),
-    })
+    res.update(
+        {
+            "mcd_settings": MCD_SETTINGS,
+            "dnsmos_ovrl_reference": bootstrap_ci(dn_ref),
+            "dnsmos_ovrl_vocoded_reference": bootstrap_ci(dn_voc),
+            "mcd_db_vocoded_reference": bootstrap_ci(
+                [mcd(r, v, 24000, align="dtw").value_db for r, v in zip(refs, vocoded)]
+            ),
+        }
+    )
     if a.vocoder_only:
         res.update(dnsmos_tables(items, reference=sc_ref, vocoded_reference=sc_voc))
         return report(res, a)
-    chosen = {k: v for k, v in (("temperature", a.temperature), ("top_p", a.top_p),
-                                ("repetition_penalty", a.repetition_penalty)) if v is not None}
+    chosen = {
+        k: v
+        for k, v in (("temperature", a.temperature), ("top_p", a.top_p), ("repetition_penalty", a.repetition_penalty))
+        if v is not None
+    }
     params = SamplingParams(max_new_tokens=a.max_new_tokens, **chosen)
     t0 = time.time()
     out: dict[str, object] = {}
     voice = {it["id"]: forced or it["speaker"] for it in items}
     for spk in sorted(set(voice.values())):
         group = [it for it in items if voice[it["id"]] == spk]
-        for it, u in zip(group, syn.synthesize([it["text"] for it in group], speaker=spk, seed=a.seed,
-                                               params=params, batch_size=16)):
+        for it, u in zip(
+            group, syn.synthesize([it["text"] for it in group], speaker=spk, seed=a.seed, params=params, batch_size=16)
+        ):
             out[it["id"]] = u
     synth_s = time.time() - t0
     wavs = [out[it["id"]].wav for it in items]
@@ -324,45 +379,66 @@ def main(argv=None):
         res["intelligibility"] = {"synth": by_language([c for _, c in heard["synth"]]), **res["intelligibility"]}
     sc_syn = [dnsmos_scores(w) for w in wavs[:k]]
     dn_syn = [s["ovrl"] for s in sc_syn]
-    res.update({
-        "synthesis_seconds_cpu": round(synth_s, 1),
-        "mcd_db": bootstrap_ci(mcd_ok) if mcd_ok else None, "mcd_failed": len(mcds) - len(mcd_ok),
-        "duration_ratio_median": float(np.median(ratios)),
-        "duration_within_25pct": share_within_25pct(ratios),
-        "eos_reached": float(np.mean(eos)),
-        "dnsmos_ovrl_synth": bootstrap_ci(scored(dn_syn)),
-        "speaker_distance_synth": None if forced else speaker_distances(items, wavs),
-        "speaker_distance_reference": speaker_distances(items, refs),
-        "per_language": {},
-        **dnsmos_tables(items, reference=sc_ref, vocoded_reference=sc_voc, synth=sc_syn),
-        "settings": {"seed": a.seed, "max_new_tokens": a.max_new_tokens,
-                     "sampling": {"ChatTTS defaults, except": chosen} if chosen else "ChatTTS defaults",
-                     "speaker": forced or "the held-out sentence's speaker, by voice name"},
-    })
+    res.update(
+        {
+            "synthesis_seconds_cpu": round(synth_s, 1),
+            "mcd_db": bootstrap_ci(mcd_ok) if mcd_ok else None,
+            "mcd_failed": len(mcds) - len(mcd_ok),
+            "duration_ratio_median": float(np.median(ratios)),
+            "duration_within_25pct": share_within_25pct(ratios),
+            "eos_reached": float(np.mean(eos)),
+            "dnsmos_ovrl_synth": bootstrap_ci(scored(dn_syn)),
+            "speaker_distance_synth": None if forced else speaker_distances(items, wavs),
+            "speaker_distance_reference": speaker_distances(items, refs),
+            "per_language": {},
+            **dnsmos_tables(items, reference=sc_ref, vocoded_reference=sc_voc, synth=sc_syn),
+            "settings": {
+                "seed": a.seed,
+                "max_new_tokens": a.max_new_tokens,
+                "sampling": {"ChatTTS defaults, except": chosen} if chosen else "ChatTTS defaults",
+                "speaker": forced or "the held-out sentence's speaker, by voice name",
+            },
+        }
+    )
     # per sentence, so that two models measured on the same sentences compare pairwise (--paired); None where a
     # figure failed (JSON has no NaN)
     finite = lambda x: float(x) if x is not None and np.isfinite(x) else None  # noqa: E731
-    res["per_sentence"] = [{"id": it["id"], "text": it["text"], "lang": it["lang"], "speaker": voice[it["id"]],
-                            "mcd_db": finite(mcds[i]),
-                            "dnsmos_ovrl": finite(dn_syn[i]) if i < k else None, "duration_ratio": ratios[i],
-                            "eos": eos[i],
-                            **({"asr": asr_row(*heard["synth"][i])} if "synth" in heard else {})}
-                           for i, it in enumerate(items)]
+    res["per_sentence"] = [
+        {
+            "id": it["id"],
+            "text": it["text"],
+            "lang": it["lang"],
+            "speaker": voice[it["id"]],
+            "mcd_db": finite(mcds[i]),
+            "dnsmos_ovrl": finite(dn_syn[i]) if i < k else None,
+            "duration_ratio": ratios[i],
+            "eos": eos[i],
+            **({"asr": asr_row(*heard["synth"][i])} if "synth" in heard else {}),
+        }
+        for i, it in enumerate(items)
+    ]
     for lang in ("en", "zh"):
         sel = [i for i, it in enumerate(items) if it["lang"] == lang]
         m = [mcds[i] for i in sel if np.isfinite(mcds[i])]
-        res["per_language"][lang] = {"n": len(sel), "mcd_db": float(np.mean(m)) if m else None,
-                                     "duration_within_25pct": share_within_25pct([ratios[i] for i in sel]),
-                                     "eos_reached": float(np.mean([eos[i] for i in sel]))}
+        res["per_language"][lang] = {
+            "n": len(sel),
+            "mcd_db": float(np.mean(m)) if m else None,
+            "duration_within_25pct": share_within_25pct([ratios[i] for i in sel]),
+            "eos_reached": float(np.mean([eos[i] for i in sel])),
+        }
     report(res, a)
     if a.pictures:
         a.pictures.mkdir(parents=True, exist_ok=True)
-        picks = [next(i for i, it in enumerate(items) if it["lang"] == "en" and len(it["text"]) < 50),
-                 next(i for i, it in enumerate(items) if it["lang"] == "zh"),
-                 next(i for i, it in enumerate(items) if it["lang"] == "en" and len(it["text"]) > 60)]
+        picks = [
+            next(i for i, it in enumerate(items) if it["lang"] == "en" and len(it["text"]) < 50),
+            next(i for i, it in enumerate(items) if it["lang"] == "zh"),
+            next(i for i, it in enumerate(items) if it["lang"] == "en" and len(it["text"]) > 60),
+        ]
         for n, i in enumerate(picks, 1):
             it = items[i]
-            picture(refs[i], wavs[i], f"{it['id']} ({it['speaker']}): {picture_text(it)}", a.pictures / f"heldout_{n}.png")
+            picture(
+                refs[i], wavs[i], f"{it['id']} ({it['speaker']}): {picture_text(it)}", a.pictures / f"heldout_{n}.png"
+            )
     return res
 
 

@@ -18,6 +18,7 @@ held-out natural sentence (`overlaps`), so a quotation found in two fortunes fil
     python -m toolkit.voice.sources --write-heldout en --out calibration_sets/heldout_natural_en.jsonl
     python -m toolkit.voice.sources --write-heldout zh --text FILE --out calibration_sets/heldout_natural_zh.jsonl
 """
+
 from __future__ import annotations
 
 import argparse
@@ -31,8 +32,10 @@ from pathlib import Path
 
 FORTUNES = Path("/usr/share/games/fortunes")
 REPO = Path(__file__).resolve().parents[2]
-HELDOUT_SETS = {"en": REPO / "calibration_sets" / "heldout_natural_en.jsonl",
-                "zh": REPO / "calibration_sets" / "heldout_natural_zh.jsonl"}
+HELDOUT_SETS = {
+    "en": REPO / "calibration_sets" / "heldout_natural_en.jsonl",
+    "zh": REPO / "calibration_sets" / "heldout_natural_zh.jsonl",
+}
 # fortunes files: the held-out English set's sources (never read for training), and files that hold no usable
 # English prose (pictures, Chinese) or that are left out on purpose (ethnic jokes)
 EN_HELDOUT_FILES = ("education", "wisdom")
@@ -51,8 +54,11 @@ ZH_CHARS = (4, 30)
 _EN_OK = re.compile(r"[A-Za-z0-9 ,.;:!?'\-]+")
 _ABBREV = re.compile(r"\b(?:Mr|Mrs|Ms|Dr|St|Jr|Sr|vs|etc|Prof|Gen|Col|Lt|Sgt|Capt|Mt|No|Vol|Inc|Ltd|Co|[A-Za-z])\.$")
 _EN_SPLIT = re.compile(r"(?<=[.!?])\s+")
-_BLOCK = re.compile(r"\b(?:fuck\w*|shit\w*|cunt\w*|nigg\w*|fag\w*|whore\w*|rape\w*|rapist\w*|bitch\w*|retard\w*|"
-                    r"slut\w*|dick|dicks|cock|cocks|pussy|porn\w*|nazi\w*|kike\w*|spic|spics|chink\w*)\b", re.I)
+_BLOCK = re.compile(
+    r"\b(?:fuck\w*|shit\w*|cunt\w*|nigg\w*|fag\w*|whore\w*|rape\w*|rapist\w*|bitch\w*|retard\w*|"
+    r"slut\w*|dick|dicks|cock|cocks|pussy|porn\w*|nazi\w*|kike\w*|spic|spics|chink\w*)\b",
+    re.I,
+)
 
 
 def _fortune_entries(path: Path) -> list[str]:
@@ -119,8 +125,11 @@ def fortunes_files() -> list[str]:
     """The English fortunes files installed here, sorted."""
     if not FORTUNES.is_dir():
         return []
-    return sorted(p.name for p in FORTUNES.iterdir()
-                  if p.is_file() and not p.name.endswith((".dat", ".u8")) and p.name not in EN_SKIP_FILES)
+    return sorted(
+        p.name
+        for p in FORTUNES.iterdir()
+        if p.is_file() and not p.name.endswith((".dat", ".u8")) and p.name not in EN_SKIP_FILES
+    )
 
 
 def en_train_files() -> list[str]:
@@ -134,7 +143,9 @@ _ZH_OK = re.compile(rf"[{HAN}0-9，。！？、；：]+")
 _ZH_END = "。！？"
 _ZH_SPLIT = re.compile(r"(?<=[。！？])")
 # words of modern Mandarin: a line with none of them is most likely classical
-_MODERN = re.compile(r"[的了们这那吗呢吧么个很]|什么|没有|因为|所以|如果|但是|可以|已经|自己|现在|知道|时候|我们|他们|一个")
+_MODERN = re.compile(
+    r"[的了们这那吗呢吧么个很]|什么|没有|因为|所以|如果|但是|可以|已经|自己|现在|知道|时候|我们|他们|一个"
+)
 _FULLWIDTH = {c: chr(ord(c) - 0xFEE0) for c in map(chr, range(0xFF10, 0xFF5B)) if unicodedata.category(c)[0] in "LN"}
 
 
@@ -183,8 +194,9 @@ def zh_fortunes() -> list[str]:
         entry = re.sub(r"\x1b\[[0-9;]*m", "", entry)
         if any(f"《{b}" in entry for b in ZH_CLASSICAL) or re.search(r"\n\s*--\s*\S+《", entry):
             continue  # a classical book, or a poem (`-- poet《tune》`)
-        lines = [ln for ln in entry.split("\n")
-                 if not re.match(r"\s*--", ln) and not re.search(r"[│┌└├─]", ln)]  # attributions, tables
+        lines = [
+            ln for ln in entry.split("\n") if not re.match(r"\s*--", ln) and not re.search(r"[│┌└├─]", ln)
+        ]  # attributions, tables
         for s in zh_sentences_of("".join(ln.strip() for ln in lines)):
             if _MODERN.search(s):
                 out.append(s)
@@ -239,7 +251,7 @@ def _grams(text: str, lang: str) -> set[str]:
         n = 8
     if len(w) <= n:
         return {" ".join(w)}
-    return {" ".join(w[i:i + n]) for i in range(len(w) - n + 1)}
+    return {" ".join(w[i : i + n]) for i in range(len(w) - n + 1)}
 
 
 def overlaps(text: str, lang: str, held: set[str]) -> bool:
@@ -290,8 +302,12 @@ def en_vocabulary(n: int = 30000) -> tuple[str, ...]:
 
     out = []
     for w in top_n_list("en", n):
-        if re.fullmatch(r"[a-z]+(?:'[a-z]+)?", w) and (len(w) > 1 or w in ("a", "i")) and re.search("[aeiouy]", w) \
-                and not _BLOCK.search(w):  # no vowel: an abbreviation espeak would spell
+        if (
+            re.fullmatch(r"[a-z]+(?:'[a-z]+)?", w)
+            and (len(w) > 1 or w in ("a", "i"))
+            and re.search("[aeiouy]", w)
+            and not _BLOCK.search(w)
+        ):  # no vowel: an abbreviation espeak would spell
             out.append("I" if w == "i" else re.sub(r"^i'", "I'", w))
     return tuple(out)
 
@@ -337,7 +353,7 @@ def _zh_cumweights() -> tuple[float, ...]:
     import itertools
 
     _, freqs = zh_vocabulary()
-    return tuple(itertools.accumulate(f ** 0.5 for f in freqs))  # flattened: the rarer words come up too
+    return tuple(itertools.accumulate(f**0.5 for f in freqs))  # flattened: the rarer words come up too
 
 
 def zh_random_sentence(r: random.Random) -> str:
@@ -357,8 +373,11 @@ def zh_random_sentence(r: random.Random) -> str:
 
 # ----------------------------------------------------------------------------------------------
 # writing the held-out natural sets (run once; the sets are committed)
-_SENSITIVE = re.compile(r"\b(?:orgasm\w*|sex\w*|suicide\w*|naked|nude|penis\w*|vagina\w*|breast\w*|kill\w*|drunk\w*|"
-                        r"nipple\w*|ass|asses)\b", re.I)
+_SENSITIVE = re.compile(
+    r"\b(?:orgasm\w*|sex\w*|suicide\w*|naked|nude|penis\w*|vagina\w*|breast\w*|kill\w*|drunk\w*|"
+    r"nipple\w*|ass|asses)\b",
+    re.I,
+)
 
 
 def _heldout_en_candidates(seed: int) -> list[tuple[str, str]]:
@@ -409,17 +428,27 @@ def write_heldout(lang: str, out: Path, n: int, seed: int = 0, text_file: Path |
         if secs > 7.5:
             continue
         counts[src] = counts.get(src, 0) + 1
-        recs.append({"id": f"heldout_natural_{lang}-{src}-{counts[src]:03d}", "text": text, "language": lang,
-                     "length": "short" if secs < 3.0 else "medium",
-                     "speaker": f"{region}/{names[len(recs) % len(names)]}"})
+        recs.append(
+            {
+                "id": f"heldout_natural_{lang}-{src}-{counts[src]:03d}",
+                "text": text,
+                "language": lang,
+                "length": "short" if secs < 3.0 else "medium",
+                "speaker": f"{region}/{names[len(recs) % len(names)]}",
+            }
+        )
     out.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in recs), encoding="utf-8")
     return recs
 
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--write-heldout", choices=["en", "zh"], default=None,
-                    help="write a held-out natural set to --out (English from EN_HELDOUT_FILES, Mandarin from --text)")
+    ap.add_argument(
+        "--write-heldout",
+        choices=["en", "zh"],
+        default=None,
+        help="write a held-out natural set to --out (English from EN_HELDOUT_FILES, Mandarin from --text)",
+    )
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--text", type=Path, default=None, help="with --write-heldout zh: one sentence a line")
     ap.add_argument("--n", type=int, default=200)

@@ -13,6 +13,7 @@ With --parallel the vocoder trains in a second process next to dvae -> gpt (one 
   python -m toolkit.voice.train --export toolkit/assets/voice --resume runs/voice --data corpus/pack
   python -m toolkit.voice.train --smoke --out /tmp/smoke       # seconds on CPU: tiny corpus, tiny model
 """
+
 from __future__ import annotations
 
 import argparse
@@ -35,7 +36,8 @@ from ..checkpoint import convstack_config
 from ..models.config import GPTConfig, ModelConfig, VocosConfig
 from ..models.convnext import ConvNeXtBlock
 from ..models.decoder import ConvStack, DVAEDecoder
-from ..models.dvae_encoder import VoiceEncoder as DVAEEncoder, codes_from_digits, quantise  # noqa: F401 (names kept)
+from ..models.dvae_encoder import VoiceEncoder as DVAEEncoder  # noqa: F401 (names kept)
+from ..models.dvae_encoder import codes_from_digits, quantise
 from ..models.gpt import GPT, Block
 from ..models.speaker import apply_speaker
 from ..models.vocos import LogMel, Vocos
@@ -79,11 +81,16 @@ def load_state(folder: Path | None, name: str) -> tuple[dict[str, Tensor], dict]
 
 
 def sub_state(state: dict, prefix: str) -> dict:
-    return {k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)}
+    return {k[len(prefix) :]: v for k, v in state.items() if k.startswith(prefix)}
 
 
-def run_config(cfg: ModelConfig, gpt_state: dict | None, hidden: int | None = None,
-               layers: int | None = None, vocos_state: dict | None = None) -> ModelConfig:
+def run_config(
+    cfg: ModelConfig,
+    gpt_state: dict | None,
+    hidden: int | None = None,
+    layers: int | None = None,
+    vocos_state: dict | None = None,
+) -> ModelConfig:
     """cfg with the GPT depth and the Decoder that a run's gpt checkpoint holds (its weights' shapes say their sizes),
     then --decoder-hidden and --decoder-layers over that: a Decoder of a new size is trained from scratch; and the
     vocoder depth of its vocos checkpoint."""
@@ -94,8 +101,9 @@ def run_config(cfg: ModelConfig, gpt_state: dict | None, hidden: int | None = No
         dec = convstack_config(sub_state(gpt_state, "decoder."), "", dec.idim)
     if gpt_state is not None and "gpt.layers.0.attention.wo.weight" in gpt_state:
         gpt = dataclasses.replace(gpt, layers=gpt_layer_count(gpt_state))
-    return dataclasses.replace(cfg, gpt=gpt, decoder=dataclasses.replace(dec, hidden=hidden or dec.hidden,
-                                                                         layers=layers or dec.layers))
+    return dataclasses.replace(
+        cfg, gpt=gpt, decoder=dataclasses.replace(dec, hidden=hidden or dec.hidden, layers=layers or dec.layers)
+    )
 
 
 def gpt_layer_count(gpt_state: dict) -> int:
@@ -109,13 +117,17 @@ def grow_gpt_layers(gpt_state: dict, cfg: GPTConfig, new: int, seed: int) -> dic
     so its Decoder still fits, and training goes on from there with more depth."""
     old = gpt_layer_count(gpt_state)
     if not 0 < new <= old - GUIDED_LAYER:
-        raise SystemExit(f"--gpt-grow {new}: a GPT of {old} layers takes 1 to {old - GUIDED_LAYER} new blocks "
-                         f"(one after each of its last layers, from the guided-attention layer {GUIDED_LAYER} on)")
+        raise SystemExit(
+            f"--gpt-grow {new}: a GPT of {old} layers takes 1 to {old - GUIDED_LAYER} new blocks "
+            f"(one after each of its last layers, from the guided-attention layer {GUIDED_LAYER} on)"
+        )
     with torch.random.fork_rng(devices=[]):  # the caller's random stream stays as it was
         torch.manual_seed(seed)
         fresh = Block(cfg).state_dict()
-    fresh = {k: torch.zeros_like(v) if k.endswith(("attention.wo.weight", "feed_forward.w2.weight")) else v
-             for k, v in fresh.items()}
+    fresh = {
+        k: torch.zeros_like(v) if k.endswith(("attention.wo.weight", "feed_forward.w2.weight")) else v
+        for k, v in fresh.items()
+    }
     out = {k: v for k, v in gpt_state.items() if not k.startswith("gpt.layers.")}
     pos = 0
     for i in range(old):
@@ -165,17 +177,19 @@ class Data:
         self.has_mels = len(self.mel_q) > 0
         if "codes" in pack:
             c, off = torch.from_numpy(pack["codes"].astype(np.int64)), pack["codes_off"]
-            self.codes = [c[off[i]: off[i + 1]] for i in range(self.n)]
+            self.codes = [c[off[i] : off[i + 1]] for i in range(self.n)]
 
     def mel(self, i: int) -> Tensor:
         if not self.has_mels:
-            raise ValueError("this pack holds DVAE codes, not mels: only the gpt stage trains on it "
-                             "(with --resume from a run or --from-voice checkpoints that have the DVAE)")
-        q = self.mel_q[self.mel_off[i]: self.mel_off[i + 1]].float()
+            raise ValueError(
+                "this pack holds DVAE codes, not mels: only the gpt stage trains on it "
+                "(with --resume from a run or --from-voice checkpoints that have the DVAE)"
+            )
+        q = self.mel_q[self.mel_off[i] : self.mel_off[i + 1]].float()
         return (q / 255.0 * (MEL_HI - MEL_LO) + MEL_LO).T  # (100, F)
 
     def prompt(self, i: int) -> Tensor:
-        return self.ids[self.ids_off[i]: self.ids_off[i + 1]]
+        return self.ids[self.ids_off[i] : self.ids_off[i + 1]]
 
 
 def lr_at(step: int, frac: float, peak: float, warmup: int) -> float:
@@ -226,16 +240,21 @@ def reconstruction_loss(logmel: LogMel, y: Tensor, x: Tensor) -> tuple[Tensor, T
     return F.l1_loss(logmel(y), logmel(x)), stft_loss(y, x)
 
 
-def mel_windows(mel_pred: Tensor, mel: Tensor, fmask: Tensor, frames: int, g, per_row: int = 1
-                ) -> tuple[Tensor, Tensor] | None:
+def mel_windows(
+    mel_pred: Tensor, mel: Tensor, fmask: Tensor, frames: int, g, per_row: int = 1
+) -> tuple[Tensor, Tensor] | None:
     """`per_row` random windows of `frames` valid frames from each utterance that has one: (predicted, real), each
     (rows * per_row, n_mels, frames); None if no utterance is long enough."""
     valid = fmask.sum(1).tolist()  # one device sync for the batch
-    picks = [(r, int(g.integers(0, valid[r] - frames + 1))) for r, n in enumerate(valid) if n >= frames
-             for _ in range(per_row)]
+    picks = [
+        (r, int(g.integers(0, valid[r] - frames + 1)))
+        for r, n in enumerate(valid)
+        if n >= frames
+        for _ in range(per_row)
+    ]
     if not picks:
         return None
-    return tuple(torch.stack([m[r, :, o: o + frames] for r, o in picks]).float() for m in (mel_pred, mel))
+    return tuple(torch.stack([m[r, :, o : o + frames] for r, o in picks]).float() for m in (mel_pred, mel))
 
 
 def vocoded_stft_loss(vocos: Vocos, mel_pred: Tensor, mel: Tensor, fmask: Tensor, frames: int, g) -> Tensor:
@@ -260,8 +279,9 @@ def resumed_discriminators(disc: DiscriminatorSet, resume: Path | None, name: st
     return disc, torch.optim.AdamW(disc.parameters(), lr=lr, betas=betas, weight_decay=0.0)
 
 
-def discriminator_step(disc: DiscriminatorSet, opt_d, real: Tensor, fake: Tensor, precision=contextlib.nullcontext
-                       ) -> tuple[Tensor, Tensor, dict]:
+def discriminator_step(
+    disc: DiscriminatorSet, opt_d, real: Tensor, fake: Tensor, precision=contextlib.nullcontext
+) -> tuple[Tensor, Tensor, dict]:
     """One update of the discriminators (real against fake, detached), then the generator's losses on fake against
     the updated discriminators: -> (adversarial, feature matching, what to log, as tensors: log() reads them only on
     the steps it logs, so no step waits on the device for them). precision: a context factory."""
@@ -285,7 +305,9 @@ def train_vocos(cfg: ModelConfig, data: Data, args, device, log, dec_mels: dict[
     prev = load_state(args.resume, "vocos")
     if args.vocos_grow:
         if not prev:
-            raise SystemExit("--vocos-grow deepens a trained vocoder: give --resume a run folder with a vocos checkpoint")
+            raise SystemExit(
+                "--vocos-grow deepens a trained vocoder: give --resume a run folder with a vocos checkpoint"
+            )
         prev = (grow_vocos_layers(prev[0], cfg.vocos, args.vocos_grow, args.seed), prev[1])
         cfg = dataclasses.replace(cfg, vocos=dataclasses.replace(cfg.vocos, layers=vocos_layer_count(prev[0])))
     vocos = Vocos(cfg.vocos).to(device)
@@ -317,11 +339,16 @@ def train_vocos(cfg: ModelConfig, data: Data, args, device, log, dec_mels: dict[
             offs = [int(g.integers(starts[i], ends[i] - seg)) for i in idx]
         else:
             offs = [int(starts[i]) + hop * int(g.integers(0, room[i] + 1)) for i in idx]
-        x = torch.stack([wav[o: o + seg] for o in offs])
+        x = torch.stack([wav[o : o + seg] for o in offs])
         set_lr(lr_at(step, budget.frac(step), args.vocos_lr, 200 if prev else 500), opt, opt_d)
         with torch.no_grad():
-            mel = logmel(x) if dec_mels is None else torch.stack(
-                [dec_mels[int(data.wav_utt[i])][:, (o - starts[i]) // hop:][:, :frames] for i, o in zip(idx, offs)]).to(device)
+            mel = (
+                logmel(x)
+                if dec_mels is None
+                else torch.stack(
+                    [dec_mels[int(data.wav_utt[i])][:, (o - starts[i]) // hop :][:, :frames] for i, o in zip(idx, offs)]
+                ).to(device)
+            )
         with autocast(device):
             spec = vocos.spectrum(mel)
         y = vocos.istft(spec)
@@ -361,7 +388,7 @@ def mel_batch(data: Data, idx, device, frames: int | None = None, g=None) -> tup
         m = data.mel(i)
         if frames is not None and m.shape[1] > frames:
             o = int(g.integers(0, (m.shape[1] - frames) // 2 + 1)) * 2
-            m = m[:, o: o + frames]
+            m = m[:, o : o + frames]
         mels.append(m[:, : m.shape[1] // 2 * 2])
     Fm = max(m.shape[1] for m in mels)
     out = torch.full((len(mels), mels[0].shape[0], Fm), math.log(1e-5))
@@ -411,7 +438,10 @@ def train_dvae(cfg: ModelConfig, data: Data, args, device, log) -> tuple[DVAEEnc
             used = [int(torch.unique(codes[..., q][mask[:, ::2]]).numel()) for q in range(codes.shape[-1])]
             log("dvae", step, mel_l1=loss.item(), codes_used=used)
         step += 1
-    state = {**{f"enc.{k}": v for k, v in enc.state_dict().items()}, **{f"dec.{k}": v for k, v in dec.state_dict().items()}}
+    state = {
+        **{f"enc.{k}": v for k, v in enc.state_dict().items()},
+        **{f"dec.{k}": v for k, v in dec.state_dict().items()},
+    }
     save_state(Path(args.out), "dvae", state, {"step": step})
     log("dvae", step, done=1)
     return enc.eval(), dec.eval()
@@ -423,7 +453,7 @@ def encode_all(enc: DVAEEncoder, cfg: ModelConfig, data: Data, device, batch: in
     out: list[Tensor | None] = [None] * data.n
     order = np.argsort(data.frames)
     for s in range(0, data.n, batch):
-        idx = order[s: s + batch]
+        idx = order[s : s + batch]
         mel, _ = mel_batch(data, idx, device)
         with autocast(device):
             _, digits = quantise(enc(mel), cfg.gfsq.residuals)
@@ -441,6 +471,7 @@ STFT_FRAMES = 64  # mel frames per utterance that --decoder-stft vocodes and --d
 def text_attention(attn, x: Tensor, cos: Tensor, sin: Tensor, text_len: Tensor, heads: int) -> Tensor:
     """The first `heads` heads' attention over text keys only: x (B, L, D) the layer's input -> (B, heads, L, L)."""
     from ..models.gpt import rotate_half
+
     B, L, _ = x.shape
     q, k, _ = attn.wqkv(x).view(B, L, 3, attn.heads, attn.head_dim).unbind(2)
     q, k = (t.transpose(1, 2)[:, :heads] for t in (q, k))
@@ -497,8 +528,16 @@ def corrupt_codes(cod: Tensor, is_audio: Tensor, p: float, vocab: int) -> Tensor
     return torch.where(hit, torch.randint_like(cod, 0, vocab - 1), cod)
 
 
-def build_batch(gpt: GPT, spk_table: nn.Parameter, data: Data, codes: list[Tensor], idx, spk_id: int, device,
-                code_noise: float = 0.0):
+def build_batch(
+    gpt: GPT,
+    spk_table: nn.Parameter,
+    data: Data,
+    codes: list[Tensor],
+    idx,
+    spk_id: int,
+    device,
+    code_noise: float = 0.0,
+):
     Q, eos = gpt.cfg.num_vq, gpt.cfg.eos_code
     T = torch.tensor([len(data.prompt(i)) for i in idx])
     N = torch.tensor([len(codes[i]) for i in idx])
@@ -512,8 +551,8 @@ def build_batch(gpt: GPT, spk_table: nn.Parameter, data: Data, codes: list[Tenso
         t, n = int(T[b]), int(N[b])
         ids[b, :t] = data.prompt(i)
         is_text[b, :t] = True
-        cod[b, t: t + n] = codes[i]
-        tgt[b, t - 1: t - 1 + n] = codes[i]
+        cod[b, t : t + n] = codes[i]
+        tgt[b, t - 1 : t - 1 + n] = codes[i]
         tgt[b, t - 1 + n] = eos
     ids, cod, is_text, tgt = ids.to(device), cod.to(device), is_text.to(device), tgt.to(device)
     cod = corrupt_codes(cod, ~is_text, code_noise, gpt.cfg.num_audio_tokens)
@@ -543,17 +582,19 @@ def load_gpt_decoder(cfg: ModelConfig, resume: Path, device) -> tuple[GPT, ConvS
 
 
 @torch.no_grad()
-def decoder_mels(gpt: GPT, decoder: ConvStack, table: Tensor, data: Data, device, spk_id: int,
-                 batch: int = 16) -> dict[int, Tensor]:
+def decoder_mels(
+    gpt: GPT, decoder: ConvStack, table: Tensor, data: Data, device, spk_id: int, batch: int = 16
+) -> dict[int, Tensor]:
     """{utterance: the Decoder's mel (100, 2N)} for every utterance with PCM, the GPT teacher-forced on its codes:
     what the vocoder hears at synthesis time, frame-aligned with the real audio."""
     if data.codes is None:
-        raise SystemExit("the Decoder's mels need a codes pack with PCM "
-                         "(corpus --codes-from VOICE --vocoder-seconds N)")
+        raise SystemExit(
+            "the Decoder's mels need a codes pack with PCM (corpus --codes-from VOICE --vocoder-seconds N)"
+        )
     utts = [int(i) for i in data.wav_utt]
     out = {}
     for s in range(0, len(utts), batch):
-        idx = utts[s: s + batch]
+        idx = utts[s : s + batch]
         with autocast(device):
             x, _, T, N, L = build_batch(gpt, table, data, data.codes, idx, spk_id, device)
             h = gpt.forward_full(x, torch.arange(L, device=device)[None] < (T + N)[:, None])
@@ -575,8 +616,17 @@ def code_mel_batch(dec: DVAEDecoder, codes: list[Tensor], idx, device) -> tuple[
     return mel, mask
 
 
-def train_gpt(cfg: ModelConfig, data: Data, codes: list[Tensor], args, device, log, spk_id: int,
-              dvae_dec: DVAEDecoder | None = None, prev: tuple[dict, dict] | None = None):
+def train_gpt(
+    cfg: ModelConfig,
+    data: Data,
+    codes: list[Tensor],
+    args,
+    device,
+    log,
+    spk_id: int,
+    dvae_dec: DVAEDecoder | None = None,
+    prev: tuple[dict, dict] | None = None,
+):
     """prev: the resumed gpt checkpoint (state, meta), or None to start from scratch."""
     torch.manual_seed(args.seed + 2)
     g = np.random.default_rng(args.seed + 2)
@@ -592,8 +642,13 @@ def train_gpt(cfg: ModelConfig, data: Data, codes: list[Tensor], args, device, l
         if {k: v.shape for k, v in kept.items()} == {k: v.shape for k, v in decoder.state_dict().items()}:
             decoder.load_state_dict(kept)
         else:  # --decoder-hidden/--decoder-layers changed its size
-            log("gpt", prev[1].get("step", 0), decoder_fresh=1, decoder_hidden=cfg.decoder.hidden,
-                decoder_layers=cfg.decoder.layers)
+            log(
+                "gpt",
+                prev[1].get("step", 0),
+                decoder_fresh=1,
+                decoder_hidden=cfg.decoder.hidden,
+                decoder_layers=cfg.decoder.layers,
+            )
         spk_table.data.copy_(prev[0]["spk_table"].to(device))
         step0 = prev[1].get("step", 0)
     guided = GuidedAttention(gpt, layer=min(GUIDED_LAYER, cfg.gpt.layers - 1), heads=GUIDED_HEADS)
@@ -606,14 +661,22 @@ def train_gpt(cfg: ModelConfig, data: Data, codes: list[Tensor], args, device, l
         vocos.load_state_dict(prev_v[0])
     disc = opt_d = None
     if args.decoder_gan > 0:  # mel-patch discriminators
-        disc, opt_d = resumed_discriminators(MelDiscriminators(), args.resume, "decoder_disc", args.gpt_lr,
-                                             (0.8, 0.99), device)
+        disc, opt_d = resumed_discriminators(
+            MelDiscriminators(), args.resume, "decoder_disc", args.gpt_lr, (0.8, 0.99), device
+        )
     # --freeze-gpt: the Decoder alone learns, from the frozen GPT's states (e.g. real mels after a codes-pack run)
-    params = list(decoder.parameters()) if args.freeze_gpt else list(gpt.parameters()) + list(decoder.parameters()) + [spk_table]
+    params = (
+        list(decoder.parameters())
+        if args.freeze_gpt
+        else list(gpt.parameters()) + list(decoder.parameters()) + [spk_table]
+    )
     decay = [p for p in params if p.dim() >= 2 and p is not spk_table]
     rest = [p for p in params if not (p.dim() >= 2 and p is not spk_table)]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.01}, {"params": rest, "weight_decay": 0.0}],
-                            lr=args.gpt_lr, betas=(0.9, 0.98))
+    opt = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": 0.01}, {"params": rest, "weight_decay": 0.0}],
+        lr=args.gpt_lr,
+        betas=(0.9, 0.98),
+    )
     order = np.argsort(data.steps, kind="stable")
     steps_sorted = data.steps[order]
     budget = Budget(args.gpt_minutes, args.gpt_steps)
@@ -630,7 +693,7 @@ def train_gpt(cfg: ModelConfig, data: Data, codes: list[Tensor], args, device, l
         n_len = int(steps_sorted[start]) + 60
         B = max(2, min(args.gpt_batch, args.gpt_tokens // n_len))
         lo = max(0, min(start - B // 2, n_ok - B))
-        idx = order[lo: lo + B]
+        idx = order[lo : lo + B]
         set_lr(lr_at(step, frac, args.gpt_lr, 300 if prev else 800), opt, opt_d)
         with autocast(device), torch.set_grad_enabled(not args.freeze_gpt):
             x, tgt, T, N, L = build_batch(gpt, spk_table, data, codes, idx, spk_id, device, args.code_noise)
@@ -655,8 +718,11 @@ def train_gpt(cfg: ModelConfig, data: Data, codes: list[Tensor], args, device, l
             detail = vocoded_stft_loss(vocos, mel_pred[..., :Fm], mel[..., :Fm], fmask, STFT_FRAMES, g)
             loss = loss + args.decoder_stft * detail
         gan = {}
-        windows = mel_windows(mel_pred[..., :Fm], mel[..., :Fm], fmask, STFT_FRAMES, g, args.decoder_gan_windows) \
-            if disc is not None else None
+        windows = (
+            mel_windows(mel_pred[..., :Fm], mel[..., :Fm], fmask, STFT_FRAMES, g, args.decoder_gan_windows)
+            if disc is not None
+            else None
+        )
         if windows is not None:
             fake, real = windows
             adv, fm, gan = discriminator_step(disc, opt_d, real, fake)
@@ -676,17 +742,39 @@ def train_gpt(cfg: ModelConfig, data: Data, codes: list[Tensor], args, device, l
         opt.step()
         if args.save_every and time.time() - last_save > 60 * args.save_every:
             last_save = time.time()
-            save_state(Path(args.out), "gpt", {**{f"gpt.{k}": v for k, v in gpt.state_dict().items()},
-                       **{f"decoder.{k}": v for k, v in decoder.state_dict().items()}, "spk_table": spk_table.data},
-                       {"step": step0 + step, "partial": True})
+            save_state(
+                Path(args.out),
+                "gpt",
+                {
+                    **{f"gpt.{k}": v for k, v in gpt.state_dict().items()},
+                    **{f"decoder.{k}": v for k, v in decoder.state_dict().items()},
+                    "spk_table": spk_table.data,
+                },
+                {"step": step0 + step, "partial": True},
+            )
         if step % args.log_every == 0:
             with torch.no_grad():
                 acc = (logits.argmax(-1) == tgt[sel]).float().mean().item()
-            log("gpt", step0 + step, ce=ce.item(), mel_l1=l1.item(), ga=ga.item(), acc=acc, B=len(idx),
-                L=L, cap=cap, gn=float(gn), **({"stft": detail.item()} if vocos is not None else {}), **gan)
+            log(
+                "gpt",
+                step0 + step,
+                ce=ce.item(),
+                mel_l1=l1.item(),
+                ga=ga.item(),
+                acc=acc,
+                B=len(idx),
+                L=L,
+                cap=cap,
+                gn=float(gn),
+                **({"stft": detail.item()} if vocos is not None else {}),
+                **gan,
+            )
         step += 1
-    state = {**{f"gpt.{k}": v for k, v in gpt.state_dict().items()},
-             **{f"decoder.{k}": v for k, v in decoder.state_dict().items()}, "spk_table": spk_table.data}
+    state = {
+        **{f"gpt.{k}": v for k, v in gpt.state_dict().items()},
+        **{f"decoder.{k}": v for k, v in decoder.state_dict().items()},
+        "spk_table": spk_table.data,
+    }
     save_state(Path(args.out), "gpt", state, {"step": step0 + step})
     if disc is not None:
         save_state(Path(args.out), "decoder_disc", disc.state_dict(), {"step": step0 + step})
@@ -707,7 +795,7 @@ def probe(cfg, gpt, data, codes, spk_table, spk_id, device, log, n=16):
     valid = torch.zeros(n, T, dtype=torch.bool)
     for b, i in enumerate(idx):
         p = data.prompt(i)
-        ids[b, T - len(p):], valid[b, T - len(p):] = p, True
+        ids[b, T - len(p) :], valid[b, T - len(p) :] = p, True
     ids, valid = ids.to(device), valid.to(device)
     emb = gpt.embed(ids[..., None].expand(-1, -1, cfg.gpt.num_vq), torch.ones_like(valid))
     spk = spk_table[torch.as_tensor([int(data.spk[i]) for i in idx], device=device)]
@@ -715,8 +803,14 @@ def probe(cfg, gpt, data, codes, spk_table, spk_id, device, log, n=16):
     truth = torch.tensor([len(codes[i]) for i in idx])
     gen = eng.generate(emb, valid, SamplingParams(max_new_tokens=int(truth.max()) * 2 + 20), seed=0)
     ratio = gen.lengths.cpu().float() / truth.float()
-    log("probe", 0, eos=float(gen.finished.float().mean()), ratio_mean=float(ratio.mean()),
-        ratio_ok=float(((ratio > 0.75) & (ratio < 1.25)).float().mean()), ratios=[round(float(r), 2) for r in ratio])
+    log(
+        "probe",
+        0,
+        eos=float(gen.finished.float().mean()),
+        ratio_mean=float(ratio.mean()),
+        ratio_ok=float(((ratio > 0.75) & (ratio < 1.25)).float().mean()),
+        ratios=[round(float(r), 2) for r in ratio],
+    )
     gpt.layers.apply(lambda m: setattr(m, "kv_cache", None) if hasattr(m, "kv_cache") else None)
     gpt.key_valid = None
 
@@ -724,7 +818,7 @@ def probe(cfg, gpt, data, codes, spk_table, spk_id, device, log, n=16):
 # --- export --------------------------------------------------------------------------------------
 def export(args) -> Path:
     from ..checkpoint import default_voice_first, save_ttsq
-    from ..models import TTSModel, Tokenizer
+    from ..models import Tokenizer, TTSModel
 
     tok_path = Path(args.data) / "tokenizer.json"
     tok = Tokenizer(tok_path)
@@ -733,6 +827,7 @@ def export(args) -> Path:
         raise SystemExit(f"{args.resume} lacks one of gpt/dvae/vocos checkpoints")
     if args.decoder_from:  # a Decoder trained apart (benchmarks/voice_decoder_h200.sh) in place of the run's own
         from safetensors.torch import load_file
+
         kept = {k: t for k, t in g[0].items() if not k.startswith("decoder.")}
         g = ({**kept, **{f"decoder.{k}": t.float() for k, t in load_file(str(args.decoder_from)).items()}}, g[1])
     model = TTSModel(run_config(voice_config(tok.vocab_size, args.smoke), g[0], vocos_state=v[0]), tok)
@@ -742,17 +837,27 @@ def export(args) -> Path:
     model.vocos.load_state_dict(v[0])
     table = g[0]["spk_table"].float()
     info = json.loads((Path(args.data) / "pack.json").read_text())
-    model.voices = default_voice_first({name: table[i].clone() for i, name in enumerate(info["speakers"])},
-                                       args.default_voice, "--default-voice")
+    model.voices = default_voice_first(
+        {name: table[i].clone() for i, name in enumerate(info["speakers"])}, args.default_voice, "--default-voice"
+    )
     model.spk_stat.copy_(torch.stack([table.std(0), table.mean(0)]))
-    extra = {"frontend": "espeak", "text_head": False,  # trained on codes only: its text head cannot refine
-             "voice": {"speakers": info["speakers"], "languages": ["en", "zh"],
-                       "trained_steps": {"gpt": g[1]["step"], "dvae": d[1]["step"], "vocos": v[1]["step"]},
-                       "corpus": {k: info[k] for k in ("utterances", "train_seconds", "seed") if k in info}}}
-    out = save_ttsq(model, args.export, force=True, extra=extra,
-                    weights_dtype=torch.float16 if args.export_fp16 else torch.float32)
-    print(f"exported {out} ({sum(f.stat().st_size for f in Path(out).iterdir()) / 1e6:.1f} MB), "
-          f"params {model.parameter_counts()}")
+    extra = {
+        "frontend": "espeak",
+        "text_head": False,  # trained on codes only: its text head cannot refine
+        "voice": {
+            "speakers": info["speakers"],
+            "languages": ["en", "zh"],
+            "trained_steps": {"gpt": g[1]["step"], "dvae": d[1]["step"], "vocos": v[1]["step"]},
+            "corpus": {k: info[k] for k in ("utterances", "train_seconds", "seed") if k in info},
+        },
+    }
+    out = save_ttsq(
+        model, args.export, force=True, extra=extra, weights_dtype=torch.float16 if args.export_fp16 else torch.float32
+    )
+    print(
+        f"exported {out} ({sum(f.stat().st_size for f in Path(out).iterdir()) / 1e6:.1f} MB), "
+        f"params {model.parameter_counts()}"
+    )
     return out
 
 
@@ -760,6 +865,7 @@ def save_part_fp16(resume: Path, name: str, prefix: str, out: Path) -> Path:
     """The keys under `prefix` of a run's `name` checkpoint, unprefixed, as fp16 safetensors: one part of a run, light
     enough to keep beside the model card or to come back from a GPU call (benchmarks/voice_decoder_h200.sh)."""
     from safetensors.torch import save_file
+
     state = sub_state(load_state(resume, name)[0], prefix)
     save_file({k: v.half().contiguous() for k, v in state.items()}, str(out))
     return Path(out)
@@ -777,18 +883,33 @@ def checkpoints_from_voice(model_dir: Path, encoder: Path, out: Path, dtype: tor
     from safetensors.torch import load_file
 
     from ..checkpoint import load_ttsq
+
     model = load_ttsq(Path(model_dir))
     voice = json.loads((Path(model_dir) / "manifest.json").read_text()).get("voice", {})
     steps = voice.get("trained_steps", {})
     table = torch.stack([model.voices[name] for name in voice["speakers"]])
-    save_state(out, "gpt", {**{f"gpt.{k}": v for k, v in model.gpt.state_dict().items()},
-                            **{f"decoder.{k}": v for k, v in model.decoder.state_dict().items()}, "spk_table": table},
-               {"step": steps.get("gpt", 0), "from": str(model_dir)}, dtype)
-    save_state(out, "dvae", {**{f"enc.{k}": v for k, v in load_file(str(encoder)).items()},
-                             **{f"dec.{k}": v for k, v in model.dvae.state_dict().items()}},
-               {"step": steps.get("dvae", 0), "from": str(model_dir)}, dtype)
-    save_state(out, "vocos", model.vocos.state_dict(), {"step": steps.get("vocos", 0), "from": str(model_dir)},
-               dtype)
+    save_state(
+        out,
+        "gpt",
+        {
+            **{f"gpt.{k}": v for k, v in model.gpt.state_dict().items()},
+            **{f"decoder.{k}": v for k, v in model.decoder.state_dict().items()},
+            "spk_table": table,
+        },
+        {"step": steps.get("gpt", 0), "from": str(model_dir)},
+        dtype,
+    )
+    save_state(
+        out,
+        "dvae",
+        {
+            **{f"enc.{k}": v for k, v in load_file(str(encoder)).items()},
+            **{f"dec.{k}": v for k, v in model.dvae.state_dict().items()},
+        },
+        {"step": steps.get("dvae", 0), "from": str(model_dir)},
+        dtype,
+    )
+    save_state(out, "vocos", model.vocos.state_dict(), {"step": steps.get("vocos", 0), "from": str(model_dir)}, dtype)
 
 
 # --- main ----------------------------------------------------------------------------------------
@@ -822,62 +943,125 @@ def main(argv=None):
     ap.add_argument("--dvae-lr", type=float, default=1e-3)
     ap.add_argument("--gpt-lr", type=float, default=6e-4)
     ap.add_argument("--vocos-batch", type=int, default=32)
-    ap.add_argument("--vocos-on-decoder", action="store_true",
-                    help="vocos stage: fine-tune on the Decoder's mels of the --resume'd GPT (teacher-forced on a codes "
-                         "pack with PCM), paired with the real audio, so that it learns the mels it gets at synthesis")
-    ap.add_argument("--vocos-gan", action="store_true",
-                    help="vocos stage: train against multi-period and multi-resolution discriminators")
+    ap.add_argument(
+        "--vocos-on-decoder",
+        action="store_true",
+        help="vocos stage: fine-tune on the Decoder's mels of the --resume'd GPT (teacher-forced on a codes "
+        "pack with PCM), paired with the real audio, so that it learns the mels it gets at synthesis",
+    )
+    ap.add_argument(
+        "--vocos-gan",
+        action="store_true",
+        help="vocos stage: train against multi-period and multi-resolution discriminators",
+    )
     ap.add_argument("--dvae-batch", type=int, default=64)
     ap.add_argument("--gpt-batch", type=int, default=64)
     ap.add_argument("--gpt-tokens", type=int, default=24000, help="token budget per GPT batch")
     ap.add_argument("--mel-weight", type=float, default=1.0)
-    ap.add_argument("--code-noise", type=float, default=0.0,
-                    help="gpt stage: replace this share of the input audio codes by random ones (targets kept), so "
-                         "that the GPT reads the text instead of continuing its own codes")
+    ap.add_argument(
+        "--code-noise",
+        type=float,
+        default=0.0,
+        help="gpt stage: replace this share of the input audio codes by random ones (targets kept), so "
+        "that the GPT reads the text instead of continuing its own codes",
+    )
     ap.add_argument("--guided", type=float, default=1.0, help="guided-attention loss weight")
     ap.add_argument("--eos-weight", type=float, default=1.0, help="weight of the EOS target in the code loss")
     ap.add_argument("--log-every", type=int, default=50)
     ap.add_argument("--save-every", type=float, default=2.0, help="minutes between GPT checkpoints (0: end only)")
-    ap.add_argument("--restart-schedule", action="store_true",
-                    help="on resume, run the GPT curriculum and guided-attention schedule as if fresh")
-    ap.add_argument("--decoder-hidden", type=int, default=None,
-                    help="gpt stage: the Decoder's width (default: the --resume'd one's, else 192); a new size "
-                         "starts the Decoder from scratch")
+    ap.add_argument(
+        "--restart-schedule",
+        action="store_true",
+        help="on resume, run the GPT curriculum and guided-attention schedule as if fresh",
+    )
+    ap.add_argument(
+        "--decoder-hidden",
+        type=int,
+        default=None,
+        help="gpt stage: the Decoder's width (default: the --resume'd one's, else 192); a new size "
+        "starts the Decoder from scratch",
+    )
     ap.add_argument("--decoder-layers", type=int, default=None, help="gpt stage: the Decoder's ConvNeXt blocks")
-    ap.add_argument("--decoder-stft", type=float, default=0.0,
-                    help="weight of the Decoder's detail loss: its mels and the real ones through the frozen vocoder "
-                         "of --resume, compared by multi-resolution STFT (0: mel L1 alone)")
-    ap.add_argument("--decoder-gan", type=float, default=0.0,
-                    help="gpt stage: weight of an adversarial + feature-matching loss from mel-patch discriminators "
-                         "on the Decoder's output (against the over-smoothing of the L1 loss; for --freeze-gpt runs)")
-    ap.add_argument("--decoder-gan-windows", type=int, default=1,
-                    help="--decoder-gan: random windows of %d mel frames judged per utterance and step" % STFT_FRAMES)
-    ap.add_argument("--gpt-grow", type=int, default=0,
-                    help="gpt stage: insert this many identity blocks into the resumed GPT (deeper, same function)")
-    ap.add_argument("--vocos-grow", type=int, default=0,
-                    help="vocos stage: append this many identity ConvNeXt blocks to the resumed vocoder (deeper, same "
-                         "function)")
-    ap.add_argument("--freeze-gpt", action="store_true",
-                    help="gpt stage: train only the Decoder, on the frozen GPT's states")
+    ap.add_argument(
+        "--decoder-stft",
+        type=float,
+        default=0.0,
+        help="weight of the Decoder's detail loss: its mels and the real ones through the frozen vocoder "
+        "of --resume, compared by multi-resolution STFT (0: mel L1 alone)",
+    )
+    ap.add_argument(
+        "--decoder-gan",
+        type=float,
+        default=0.0,
+        help="gpt stage: weight of an adversarial + feature-matching loss from mel-patch discriminators "
+        "on the Decoder's output (against the over-smoothing of the L1 loss; for --freeze-gpt runs)",
+    )
+    ap.add_argument(
+        "--decoder-gan-windows",
+        type=int,
+        default=1,
+        help="--decoder-gan: random windows of %d mel frames judged per utterance and step" % STFT_FRAMES,
+    )
+    ap.add_argument(
+        "--gpt-grow",
+        type=int,
+        default=0,
+        help="gpt stage: insert this many identity blocks into the resumed GPT (deeper, same function)",
+    )
+    ap.add_argument(
+        "--vocos-grow",
+        type=int,
+        default=0,
+        help="vocos stage: append this many identity ConvNeXt blocks to the resumed vocoder (deeper, same function)",
+    )
+    ap.add_argument(
+        "--freeze-gpt", action="store_true", help="gpt stage: train only the Decoder, on the frozen GPT's states"
+    )
     ap.add_argument("--probe", action="store_true", help="free-running generation check at the end")
     ap.add_argument("--smoke", action="store_true", help="tiny corpus + tiny model on CPU, a few steps")
     ap.add_argument("--export", type=Path, default=None, help="write a ttsq model folder from --resume")
-    ap.add_argument("--export-fp16", action="store_true",
-                    help="with --export: store the weights in fp16 (half the size; they load as fp32)")
-    ap.add_argument("--default-voice", default=None,
-                    help="with --export: the voice a synthesis uses when given no speaker (default: the first speaker "
-                         "of the corpus)")
-    ap.add_argument("--decoder-from", type=Path, default=None,
-                    help="with --export: the Decoder's weights from this safetensors file instead of --resume's")
-    ap.add_argument("--encoder-to", type=Path, default=None,
-                    help="with --export: also write the run's DVAE encoder (fp16) into this folder (the exported "
-                    "model folder itself: `ttsq speaker from-audio` reads it there)")
-    ap.add_argument("--from-voice", type=Path, default=None, help="write --out's gpt/dvae/vocos checkpoints from "
-                    "this ttsq voice folder and its DVAE encoder (--encoder), then stop")
-    ap.add_argument("--encoder", type=Path, default=SHIPPED_ENCODER,
-                    help="the DVAE encoder of --from-voice's voice (default: the shipped voice's)")
-    ap.add_argument("--from-voice-fp32", action="store_true",
-                    help="--from-voice writes float32 (the frozen parts stay exactly as shipped) instead of fp16")
+    ap.add_argument(
+        "--export-fp16",
+        action="store_true",
+        help="with --export: store the weights in fp16 (half the size; they load as fp32)",
+    )
+    ap.add_argument(
+        "--default-voice",
+        default=None,
+        help="with --export: the voice a synthesis uses when given no speaker (default: the first speaker "
+        "of the corpus)",
+    )
+    ap.add_argument(
+        "--decoder-from",
+        type=Path,
+        default=None,
+        help="with --export: the Decoder's weights from this safetensors file instead of --resume's",
+    )
+    ap.add_argument(
+        "--encoder-to",
+        type=Path,
+        default=None,
+        help="with --export: also write the run's DVAE encoder (fp16) into this folder (the exported "
+        "model folder itself: `ttsq speaker from-audio` reads it there)",
+    )
+    ap.add_argument(
+        "--from-voice",
+        type=Path,
+        default=None,
+        help="write --out's gpt/dvae/vocos checkpoints from "
+        "this ttsq voice folder and its DVAE encoder (--encoder), then stop",
+    )
+    ap.add_argument(
+        "--encoder",
+        type=Path,
+        default=SHIPPED_ENCODER,
+        help="the DVAE encoder of --from-voice's voice (default: the shipped voice's)",
+    )
+    ap.add_argument(
+        "--from-voice-fp32",
+        action="store_true",
+        help="--from-voice writes float32 (the frozen parts stay exactly as shipped) instead of fp16",
+    )
     args = ap.parse_args(argv)
     if args.decoder_gan_windows < 1:
         ap.error(f"--decoder-gan-windows must be 1 or more, not {args.decoder_gan_windows}")
@@ -890,12 +1074,14 @@ def main(argv=None):
         args.vocos_batch, args.dvae_batch, args.gpt_batch, args.log_every = 2, 4, 4, 1
         if args.data is None:
             from .corpus import build
+
             build(args.out / "corpus", n_train=10, n_heldout=2, seed=args.seed, workers=2, vocoder_seconds=5)
             args.data = args.out / "corpus" / "pack"
         torch.set_num_threads(min(4, os.cpu_count() or 1))
     if args.from_voice:
-        return checkpoints_from_voice(args.from_voice, args.encoder, args.out,
-                                      torch.float32 if args.from_voice_fp32 else torch.float16)
+        return checkpoints_from_voice(
+            args.from_voice, args.encoder, args.out, torch.float32 if args.from_voice_fp32 else torch.float16
+        )
     if args.export and not args.stages.strip():
         out = export(args)
         if args.encoder_to:
@@ -919,13 +1105,19 @@ def main(argv=None):
         if args.dvae_minutes is None:
             args.dvae_minutes = 0.0 if resumed_gpt else 0.22 * m
         args.vocos_minutes = args.vocos_minutes or (m if args.parallel else 0.25 * m)
-        args.gpt_minutes = args.gpt_minutes or (m - args.dvae_minutes - (0 if args.parallel else args.vocos_minutes) - 0.4)
+        args.gpt_minutes = args.gpt_minutes or (
+            m - args.dvae_minutes - (0 if args.parallel else args.vocos_minutes) - 0.4
+        )
     args.out.mkdir(parents=True, exist_ok=True)
     logf = open(args.out / f"log_{'_'.join(stages)}.jsonl", "a")
 
     def log(stage, step, **kw):
-        rec = {"stage": stage, "step": step, "t": round(time.time() - t0, 1),
-               **{k: v.item() if isinstance(v, Tensor) else v for k, v in kw.items()}}
+        rec = {
+            "stage": stage,
+            "step": step,
+            "t": round(time.time() - t0, 1),
+            **{k: v.item() if isinstance(v, Tensor) else v for k, v in kw.items()},
+        }
         line = json.dumps(rec)
         print(line, flush=True)
         logf.write(line + "\n")
@@ -933,27 +1125,63 @@ def main(argv=None):
 
     t0 = time.time()
     from .corpus import load_pack
+
     data = Data(load_pack(args.data), device)
     from ..models import Tokenizer
+
     tok = Tokenizer(Path(args.data) / "tokenizer.json")
     spk_id, vocab = tok.token_id("[spk_emb]"), tok.vocab_size
     vocos_resumed = load_state(args.resume, "vocos")
-    cfg = run_config(voice_config(vocab, args.smoke), resumed[0] if resumed else None, args.decoder_hidden,
-                     args.decoder_layers, vocos_resumed[0] if vocos_resumed else None)
-    log("data", 0, utterances=data.n, frames=int(data.mel_off[-1]), vocab=vocab, device=str(device),
-        gpt_layers=cfg.gpt.layers)
+    cfg = run_config(
+        voice_config(vocab, args.smoke),
+        resumed[0] if resumed else None,
+        args.decoder_hidden,
+        args.decoder_layers,
+        vocos_resumed[0] if vocos_resumed else None,
+    )
+    log(
+        "data",
+        0,
+        utterances=data.n,
+        frames=int(data.mel_off[-1]),
+        vocab=vocab,
+        device=str(device),
+        gpt_layers=cfg.gpt.layers,
+    )
 
     child = None
     if args.parallel and "vocos" in stages:
-        cmd = [sys.executable, "-m", "toolkit.voice.train", "--stages", "vocos", "--data", str(args.data),
-               "--out", str(args.out), "--minutes", str(args.minutes), "--seed", str(args.seed), "--device",
-               str(device), "--log-every", str(args.log_every)] + (["--resume", str(args.resume)] if args.resume else []) \
+        cmd = (
+            [
+                sys.executable,
+                "-m",
+                "toolkit.voice.train",
+                "--stages",
+                "vocos",
+                "--data",
+                str(args.data),
+                "--out",
+                str(args.out),
+                "--minutes",
+                str(args.minutes),
+                "--seed",
+                str(args.seed),
+                "--device",
+                str(device),
+                "--log-every",
+                str(args.log_every),
+            ]
+            + (["--resume", str(args.resume)] if args.resume else [])
             + vocos_options(args)
+        )
         child = subprocess.Popen(cmd)
         stages.remove("vocos")
     if "vocos" in stages:
-        dec_mels = decoder_mels(*load_gpt_decoder(cfg, args.resume, device), data, device, spk_id) \
-            if args.vocos_on_decoder else None
+        dec_mels = (
+            decoder_mels(*load_gpt_decoder(cfg, args.resume, device), data, device, spk_id)
+            if args.vocos_on_decoder
+            else None
+        )
         train_vocos(cfg, data, args, device, log, dec_mels)
     if "dvae" in stages or "gpt" in stages:
         enc, dec = train_dvae(cfg, data, args, device, log) if "dvae" in stages or resumed_gpt else (None, None)
@@ -961,8 +1189,10 @@ def main(argv=None):
             raise SystemExit("the gpt stage needs a DVAE: include the dvae stage or --resume a run that has one")
         if "gpt" in stages:
             if data.codes is None and enc is None:
-                raise SystemExit(f"{args.data} holds mels, and {args.resume}'s dvae checkpoint has no encoder to code "
-                                 "them: resume from a run whose dvae has one, or use a codes pack (corpus --codes-from)")
+                raise SystemExit(
+                    f"{args.data} holds mels, and {args.resume}'s dvae checkpoint has no encoder to code "
+                    "them: resume from a run whose dvae has one, or use a codes pack (corpus --codes-from)"
+                )
             codes = data.codes if data.codes is not None else encode_all(enc, cfg, data, device)
             log("codes", 0, utterances=len(codes), seconds=round(time.time() - t0, 1))
             gpt, decoder, table = train_gpt(cfg, data, codes, args, device, log, spk_id, dec, resumed)
