@@ -2,6 +2,7 @@
 #   make demo   set up, then quantize the shipped voice and compare precisions (prints a table)
 #   make test   set up, then run the test suite
 #   make test-determinism   the tests that train, under 1 and 2 threads and a shifted seed (.ci/determinism)
+#   make lint   ruff's lint and format check (pyproject.toml [tool.ruff]); `ruff format .` fixes the format
 SHELL := /bin/bash
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -17,7 +18,7 @@ DEB_PACKAGES += libegl1 libfontconfig1 libdbus-1-3 libxkbcommon0 libxkbcommon-x1
 EXTRAS ?= eval,asr,edge,dev,gui,voicelab,serve,ray
 OUT ?= out/demo
 
-.PHONY: setup demo test test-determinism clean
+.PHONY: setup demo test test-determinism lint clean
 
 # the Makefile as a prerequisite: a package added to DEB_PACKAGES is installed on an existing checkout too
 $(VENV)/.deb-stamp: Makefile
@@ -46,6 +47,10 @@ test: setup
 
 test-determinism: setup
 	bash .ci/determinism
+
+lint: setup
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
 
 clean:
 	rm -rf $(VENV) out

@@ -344,7 +344,8 @@ def markdown(res: dict) -> str:
             L.append(
                 f"| {prec} | {s['total_onnx'] / 2**20:.1f} | {s['gpt.onnx'] / 2**20:.1f} / "
                 f"{s['decoder.onnx'] / 2**20:.1f} / {s['vocos.onnx'] / 2**20:.1f} | {r['export_s']} | {b['load_s']} | "
-                f"{b['gpt_steps_per_s']} | {b['rtf']} | {b['stream_ttfa_s']} | {b['stream_rtf']} | {b['peak_rss_mib']} |"
+                f"{b['gpt_steps_per_s']} | {b['rtf']} | {b['stream_ttfa_s']} |"
+                f" {b['stream_rtf']} | {b['peak_rss_mib']} |"
             )
         L.append("")
     if res.get("quality"):
@@ -364,7 +365,8 @@ def markdown(res: dict) -> str:
                 continue
             d = v["dnsmos"]
             L.append(
-                f"| {k} | {d['ovrl']:.2f} | {d['sig']:.2f} | {d['bak']:.2f} | {v.get('mcd_dtw_db_vs_torch_fp32', '-')} | "
+                f"| {k} | {d['ovrl']:.2f} | {d['sig']:.2f} | {d['bak']:.2f} |"
+                f" {v.get('mcd_dtw_db_vs_torch_fp32', '-')} | "
                 f"{v.get('stage_mcd_db_decoder_vocos', '-')} | {v.get('duration_ratio', 1.0)} |"
             )
         L.append("")

@@ -115,8 +115,10 @@ def main():
             continue
         e = r["rel_error"]
         print(
-            f"| {n} | {r['weight_bytes'] / 2**20:.0f} | {r['steps_per_s_b1_graph']:.0f} | {r['steps_per_s_b1_eager']:.0f} | "
-            f"{r['rtf_10s_b1']:.4f} | {r.get('audio_s_per_s_gpt_b8', 0):.0f} | {r.get('audio_s_per_s_gpt_b64', 0):.0f} | "
+            f"| {n} | {r['weight_bytes'] / 2**20:.0f} | {r['steps_per_s_b1_graph']:.0f} |"
+            f" {r['steps_per_s_b1_eager']:.0f} | "
+            f"{r['rtf_10s_b1']:.4f} | {r.get('audio_s_per_s_gpt_b8', 0):.0f} |"
+            f" {r.get('audio_s_per_s_gpt_b64', 0):.0f} | "
             f"{r.get('peak_mem_b1_bytes', 0) / 2**20:.0f} | {e['gpt']:.1e} | {e['decoder']:.1e} | {e['vocos']:.1e} |"
         )
 

@@ -104,7 +104,8 @@ def main(argv=None) -> int:
     total_us = sum(getattr(e, key) for e in events)
     kernels = sum(e.count for e in events if e.device_type == DeviceType.CUDA) / a.steps
     head = (
-        f"{a.precision} batch {a.batch} {a.variant}, {'CUDA graphs' if dev.type == 'cuda' and not a.no_graphs else 'no graphs'}, "
+        f"{a.precision} batch {a.batch} {a.variant}, "
+        f"{'CUDA graphs' if dev.type == 'cuda' and not a.no_graphs else 'no graphs'}, "
         f"{a.steps} steps on {torch.cuda.get_device_name(dev) if dev.type == 'cuda' else 'CPU'}: "
         f"{total_us / a.steps:.0f} us of {'device' if dev.type == 'cuda' else 'CPU'} time per step (self times summed)"
         + (f", {kernels:.0f} kernels per step" if dev.type == "cuda" else "")

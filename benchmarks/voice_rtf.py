@@ -3,10 +3,11 @@
     python benchmarks/voice_rtf.py --set calibration_sets/heldout_natural_en.jsonl --limit 20 --threads 2 \
         --out benchmarks/results/voice_rtf_v13_cpu [--model DIR]
 
-Per sentence: wall-clock RTF (synthesis seconds / audio seconds) and CPU RTF (CPU seconds of the process, all its threads,
-and of its espeak-ng subprocesses / audio seconds). On a shared machine the wall clock measures the neighbours too; the CPU time does not, so
-with --threads T the CPU RTF / T is what the wall RTF would be on T idle cores at perfect parallelism, and the CPU
-RTF itself bounds the wall RTF on T idle cores from above. The first sentence warms up and is not counted.
+Per sentence: wall-clock RTF (synthesis seconds / audio seconds) and CPU RTF (CPU seconds of the process, all its
+threads, and of its espeak-ng subprocesses / audio seconds). On a shared machine the wall clock measures the neighbours
+too; the CPU time does not, so with --threads T the CPU RTF / T is what the wall RTF would be on T idle cores at
+perfect parallelism, and the CPU RTF itself bounds the wall RTF on T idle cores from above. The first sentence warms
+up and is not counted.
 Writes OUT.json and OUT.md (medians, the load average before and after).
 """
 

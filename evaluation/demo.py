@@ -85,7 +85,8 @@ def main(argv: list[str] | None = None) -> int:
     ref = stage_outputs(fp32, calib)
     print("Quantization: relative squared error of each stage's output against FP32 on the calibration texts")
     print(
-        "| artifact | layers quantized | kept float | size before MiB | size after MiB | err GPT | err Decoder | err Vocos |"
+        "| artifact | layers quantized | kept float | size before MiB | size after MiB |"
+        " err GPT | err Decoder | err Vocos |"
     )
     print("|---|---:|---:|---:|---:|---:|---:|---:|")
     for name, r in rows:

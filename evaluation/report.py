@@ -59,7 +59,8 @@ def markdown_table(report: dict) -> str:
             + "".join(f"{_fmt(heard.get(c), '.3f')} | " for c in cols)
             + (f"{gap} | " if cols else "")
             + f"{p['size_bytes'] / 2**20:.1f} | {p['rtf']:.3f} | {p['steps_per_s']:.0f} | "
-            f"{p['latency_s']:.2f} | {_fmt(dv['mcd_db'])} | {_fmt(dv['pesq_wb'])} | {_fmt(g['top1_agreement'], '.3f')} | "
+            f"{p['latency_s']:.2f} | {_fmt(dv['mcd_db'])} | {_fmt(dv['pesq_wb'])} |"
+            f" {_fmt(g['top1_agreement'], '.3f')} | "
             f"{_fmt(g['kl_nats'], '.1e')} | {_fmt(e['dtw_mcd_db'])} | {_fmt(e['duration_ratio'])} | "
             f"{_fmt(e['dnsmos_ovrl'])} | {'✓' if r['within_noise_floor'] else '✗'} |"
         )

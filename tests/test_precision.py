@@ -90,7 +90,10 @@ def test_clipping_search_lowers_the_layer_error_and_restores_kept_layers(base, c
     assert ratios.shape == (64, 4) and bool((ratios <= 1).all()) and bool((ratios < 1).any())
     with torch.no_grad():
         clip_weights(layer, recipe, {"0": ratios})
-    err = lambda q: float((x @ (q - w).T).pow(2).sum())
+
+    def err(q):
+        return float((x @ (q - w).T).pow(2).sum())
+
     assert err(fake_quant_weight(layer[0].weight.detach(), recipe)) < 0.99 * err(fake_quant_weight(w, recipe))
     # in the pipeline: a layer kept in float by the sensitivity scan gets its unclipped weights back
     m = copy.deepcopy(base)

@@ -118,8 +118,8 @@ class Engine:
         (graphs on CUDA with cuda_graphs), False: neither.
         kernels: decode batches of up to KERNELS_MAX_BATCH rows through the Triton kernels of toolkit/kernels.py (five
         launches per layer and one for sampling, not compiled). None: on CUDA where Triton is installed, the weights
-        are floats, int8 or int4 weight-only and kernels.self_check passes; True: also on CPU (under TRITON_INTERPRET=1);
-        False: never.
+        are floats, int8 or int4 weight-only and kernels.self_check passes; True: also on CPU (under
+        TRITON_INTERPRET=1); False: never.
         kernel_pdl: launch the kernels as programmatic dependent launches where the GPU has them (Hopper on);
         chosen automatically (kernels=None), a GPU or toolchain that fails only with them turns this off.
         lead_steps: a chunk is handed over (and the host waits for its EOS flags) only once this many steps of the

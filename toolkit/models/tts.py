@@ -27,7 +27,8 @@ class TTSModel(nn.Module):
 
     @property
     def default_voice(self) -> str | None:
-        """The voice a synthesis given no speaker uses: the first (load_ttsq puts the manifest's default_voice first)."""
+        """The voice a synthesis given no speaker uses: the first (load_ttsq puts the manifest's default_voice
+        first)."""
         return next(iter(self.voices), None)
 
     @property

@@ -289,9 +289,15 @@ def en_number_sentence(r: random.Random) -> str:
     if k == 2:
         return f"The train leaves at {r.randint(1, 12)}:{r.randint(0, 59):02d}."
     if k == 3:
-        return f"About {r.randint(2, 98)}% of the {r.choice(['students', 'people', 'votes', 'tickets'])} were {r.choice(['sold', 'counted', 'ready', 'late'])}."
+        return (
+            f"About {r.randint(2, 98)}% of the {r.choice(['students', 'people', 'votes', 'tickets'])}"
+            f" were {r.choice(['sold', 'counted', 'ready', 'late'])}."
+        )
     if k == 4:
-        return f"Please call {r.randint(200, 999)}-{r.randint(100, 999)}-{r.randint(1000, 9999)} after {r.randint(1, 11)} p.m."
+        return (
+            f"Please call {r.randint(200, 999)}-{r.randint(100, 999)}-{r.randint(1000, 9999)}"
+            f" after {r.randint(1, 11)} p.m."
+        )
     if k == 5:
         return f"The temperature reached {r.randint(-20, 45)} degrees on {r.choice(MONTHS)} {r.randint(1, 30)}."
     if k == 6:
@@ -299,7 +305,10 @@ def en_number_sentence(r: random.Random) -> str:
     if k == 7:
         return f"She ran {r.randint(2, 42)}.{r.randint(1, 9)} kilometers in {r.randint(10, 59)} minutes."
     if k == 8:
-        return f"We counted {r.randint(1000, 999999):,} {r.choice(['birds', 'cars', 'visitors', 'stars'])} in {r.randint(1990, 2029)}."
+        return (
+            f"We counted {r.randint(1000, 999999):,} {r.choice(['birds', 'cars', 'visitors', 'stars'])}"
+            f" in {r.randint(1990, 2029)}."
+        )
     return f"Chapter {r.randint(1, 40)} starts on page {r.randint(2, 900)}."
 
 
@@ -310,7 +319,10 @@ def en_sentence(r: random.Random) -> str:
     if k < 0.35:
         return en_number_sentence(r)
     if k < 0.45:
-        s = f"{r.choice(['Did', 'Why did', 'Where did', 'When did'])} {r.choice(EN_SUBJ).lower()} find {r.choice(EN_OBJ)}?"
+        s = (
+            f"{r.choice(['Did', 'Why did', 'Where did', 'When did'])} {r.choice(EN_SUBJ).lower()}"
+            f" find {r.choice(EN_OBJ)}?"
+        )
         return s.replace(" i ", " I ")
     if k < 0.52:
         return f"What a {r.choice(EN_ADJ)} {r.choice(EN_NOUN)}!"
