@@ -1,7 +1,8 @@
 """Validate the intelligibility metric before trusting it: espeak-ng's own audio of a text set, then degraded copies,
 scored by evaluation.asr. The error rate must rise with every degradation; the clean level is espeak's reference.
 
-    python benchmarks/asr_validation.py --set calibration_sets/eval.jsonl --out benchmarks/results/asr_validation
+    python benchmarks/asr_validation.py --set calibration_sets/eval.jsonl \\
+        --out benchmarks/results/current/asr_validation
     python benchmarks/asr_validation.py --set S.jsonl --conditions clean --wavs-out DIR   # espeak's level only
 
 Conditions: clean; noise (white, 5 dB SNR); lowpass (8th-order Butterworth at 1 kHz); shuffled (the text's words,

@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Edge benchmark: ONNX Runtime on the CPU with the torch-free runtime (toolkit.runtime), per export precision.
 
-    .venv/bin/python benchmarks/edge_bench.py --threads 2 --out benchmarks/results/edge_cpu
+    .venv/bin/python benchmarks/edge_bench.py --threads 2 --out benchmarks/results/current/edge_cpu
 
 Models: the shipped voice (real weights, natural EOS), and ChatTTS dimensions with random weights (a fixed number
 of GPT steps: min_new_tokens = max_new_tokens = --steps). Per precision: file sizes, load time, RTF, GPT steps/s,

@@ -3,7 +3,7 @@ weights at ChatTTS's dimensions (the same measurement as `ttsq bench`: median of
 wall time each variant spent compiling and capturing.
 
     python3 benchmarks/engine_variants.py --variants block,step-dynamic,step --precisions bf16,int8,int8@bf16 \
-        --batches 1,64 --out benchmarks/results/engine_variants_h200.json
+        --batches 1,64 --out benchmarks/results/current/engine_variants_h200.json
 """
 
 from __future__ import annotations

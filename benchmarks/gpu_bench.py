@@ -4,7 +4,7 @@ For every recipe: decode steps/s at batch 1 (CUDA graphs vs eager), audio throug
 end-to-end RTF for a 10 s utterance (470 steps + Decoder + Vocos), peak memory, weight bytes, and the error of
 each stage against FP32 on identical inputs (GPT teacher-forced hidden states, Decoder mel, Vocos waveform).
 
-    python benchmarks/gpu_bench.py --out benchmarks/results/gpu_precisions.json [--device cuda] [--quick]
+    python benchmarks/gpu_bench.py --out benchmarks/results/current/gpu_precisions.json [--device cuda] [--quick]
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ def stage_outputs(model, inputs):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--out", default="benchmarks/results/gpu_precisions.json")
+    ap.add_argument("--out", default="benchmarks/results/current/gpu_precisions.json")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--precisions", default="fp32,bf16,fp16,int8,int4,int4-hqq,fp8,w8a8")
     ap.add_argument("--batches", default="8,64")

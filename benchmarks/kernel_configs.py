@@ -1,12 +1,12 @@
 """Launch settings for toolkit/kernels.py, and each kernel against what it replaces, at ChatTTS's dimensions (bf16,
 random weights, batch 1): microseconds per call, each timed as a CUDA graph of one call per layer (20, each on its
 own layer's weights and cache, as in a step, so weights stream from HBM rather than sit in L2), median of 6 replays
-(results/kernel_configs_h200.json: of 5, after one discarded), with the shipped launch option (programmatic
+(results/archive/kernel_configs_h200.json: of 5, after one discarded), with the shipped launch option (programmatic
 dependent launch on Hopper). Prints the best setting per kernel and, with --apply, times the decode step with them
 (engine_variants.py's measurement, same run): the compiled step without the kernels, the kernels without PDL, and
 the kernels. --no-sweep times the step with the shipped settings only.
 
-    python3 benchmarks/kernel_configs.py --out benchmarks/results/kernel_configs_fused_h200.json [--apply]
+    python3 benchmarks/kernel_configs.py --out benchmarks/results/archive/kernel_configs_fused_h200.json [--apply]
 """
 
 from __future__ import annotations

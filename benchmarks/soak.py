@@ -2,7 +2,7 @@
 process, with bad requests and (on CUDA) an out-of-memory batch mixed in. It checks that nothing errs unexpectedly,
 memory does not grow, and fixed-seed output stays bit-identical from start to end.
 
-    python3 benchmarks/soak.py --requests 1000 --device cpu --out benchmarks/results/soak_cpu.json
+    python3 benchmarks/soak.py --requests 1000 --device cpu --out benchmarks/results/current/soak_cpu.json
     python3 benchmarks/soak.py --requests 1000 --device cuda --precisions fp32,bf16,int8,int4 --out $OUT/soak.json
 """
 

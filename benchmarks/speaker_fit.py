@@ -4,7 +4,7 @@ fit a speaker to its audio of one sentence (`toolkit.sample_speaker`, as `ttsq s
 other sentences with it, and measure the speaker distance (toolkit.voice.measure.mean_spectrum: the mean voiced
 log-mel spectrum) to every espeak voice's own audio of those sentences.
 
-    OMP_NUM_THREADS=1 python benchmarks/speaker_fit.py --out benchmarks/results/speaker_fit_cpu.json
+    OMP_NUM_THREADS=1 python benchmarks/speaker_fit.py --out benchmarks/results/current/speaker_fit_cpu.json
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ UNSEEN = {"f3": "+f3", "m2": "+m2"}  # espeak-ng variants the voice's corpus nev
 
 def main() -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--out", type=Path, default=Path("benchmarks/results/speaker_fit_cpu.json"))
+    ap.add_argument("--out", type=Path, default=Path("benchmarks/results/current/speaker_fit_cpu.json"))
     ap.add_argument("--steps", type=int, default=30)
     a = ap.parse_args()
 

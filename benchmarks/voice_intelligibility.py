@@ -5,7 +5,7 @@ in its default voice and, when --speaker names one of the shipped voice's speake
 variant too (the audio that speaker learned from).
 
     python benchmarks/voice_intelligibility.py --set calibration_sets/heldout_natural_en.jsonl --limit 40 \
-        --out benchmarks/results/voice_intelligibility_en [--model DIR] [--speaker NAME]
+        --out benchmarks/results/current/voice_intelligibility_en [--model DIR] [--speaker NAME]
 
 Writes OUT.json (per sentence: what the ASR heard from the voice and from espeak) and OUT.md.
 """

@@ -1,7 +1,7 @@
 """CPU real-time factor of a voice, as `ttsq synth` runs it (one text per call, seed 0, the default voice).
 
     python benchmarks/voice_rtf.py --set calibration_sets/heldout_natural_en.jsonl --limit 20 --threads 2 \
-        --out benchmarks/results/voice_rtf_v13_cpu [--model DIR]
+        --out benchmarks/results/current/voice_rtf_v13_cpu [--model DIR]
 
 Per sentence: wall-clock RTF (synthesis seconds / audio seconds) and CPU RTF (CPU seconds of the process, all its
 threads, and of its espeak-ng subprocesses / audio seconds). On a shared machine the wall clock measures the neighbours

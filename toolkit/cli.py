@@ -536,7 +536,7 @@ def build_parser() -> argparse.ArgumentParser:
         "excluded from the timings); default: on CUDA only",
     )
     add_kernels_option(s)
-    s.add_argument("--out", default="benchmarks/results/bench", help="writes OUT.json and OUT.md")
+    s.add_argument("--out", default="benchmarks/results/current/bench", help="writes OUT.json and OUT.md")
     s.add_argument("--force", action="store_true", help="replace existing results")
     s.set_defaults(func=cmd_bench)
 
