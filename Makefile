@@ -9,7 +9,7 @@ PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 DEB_PACKAGES := espeak-ng
-# the voice corpus's natural text (toolkit/voice/sources.py): English quotations and prose, Mandarin lines
+# the voice corpus's natural text (training/voice/sources.py): English quotations and prose, Mandarin lines
 DEB_PACKAGES += fortunes fortunes-min fortunes-zh
 # the GUI (PySide6 offscreen/xcb, QtMultimedia, sounddevice) and its tests (Xvfb, a pulseaudio null sink)
 DEB_PACKAGES += libegl1 libfontconfig1 libdbus-1-3 libxkbcommon0 libxkbcommon-x11-0 libxcb-cursor0 libxcb-icccm4 \

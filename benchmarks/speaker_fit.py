@@ -1,7 +1,7 @@
 """Speakers from sample audio on the shipped voice: does a vector fitted to one espeak-ng voice's recording make the
 voice sound like that espeak voice? For each espeak voice (the six the voice was trained on, and two it never heard):
 fit a speaker to its audio of one sentence (`toolkit.sample_speaker`, as `ttsq speaker from-audio` does), synthesize
-other sentences with it, and measure the speaker distance (toolkit.voice.measure.mean_spectrum: the mean voiced
+other sentences with it, and measure the speaker distance (training.voice.measure.mean_spectrum: the mean voiced
 log-mel spectrum) to every espeak voice's own audio of those sentences.
 
     OMP_NUM_THREADS=1 python benchmarks/speaker_fit.py --out benchmarks/results/current/speaker_fit_cpu.json
@@ -13,11 +13,14 @@ import argparse
 import json
 import platform
 import subprocess
+import sys
 import time
 from pathlib import Path
 
 import numpy as np
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the lab (training/) is not installed
 
 SAMPLE = "She walked to the market this morning."
 OTHERS = ["We should meet again after lunch.", "The train was late, so they took a taxi home."]
@@ -33,8 +36,8 @@ def main() -> int:
     from toolkit.checkpoint import load_dvae_encoder
     from toolkit.sample_speaker import FitSettings, speaker_from_audio
     from toolkit.synthesizer import DEFAULT_MODEL, Synthesizer
-    from toolkit.voice import corpus
-    from toolkit.voice.measure import mean_spectrum
+    from training.voice import corpus
+    from training.voice.measure import mean_spectrum
 
     trained = list(corpus.SPEAKERS)
     corpus.SPEAKERS.update(UNSEEN)  # espeak_wav looks the variant up there
@@ -77,7 +80,7 @@ def main() -> int:
         "sample": SAMPLE,
         "synthesized": OTHERS,
         "fit_steps": a.steps,
-        "distance": "L2 between mean voiced log-mel spectra (toolkit.voice.measure.mean_spectrum), mean over "
+        "distance": "L2 between mean voiced log-mel spectra (training.voice.measure.mean_spectrum), mean over "
         "the synthesized sentences (seeds 0, 1)",
         "rows": rows,
     }

@@ -1,5 +1,5 @@
 # The start of a voice training call on the device, sourced by voice_decoder_h200.sh and voice_vocos_h200.sh after
-# they set: corpus (a folder), corpus_options (an array of toolkit.voice.corpus options), fresh (the run folder that
+# they set: corpus (a folder), corpus_options (an array of training.voice.corpus options), fresh (the run folder that
 # the shipped voice is written to when RESUME is unset), out_default and margin (seconds kept for after training).
 # Reads UTTERANCES DEADLINE_SECONDS from the caller's arguments and shifts them off; then it installs what the call
 # carried, builds the corpus unless an earlier call on the same warm machine built it with the same options for the
@@ -17,12 +17,12 @@ if [ "$(cat "$corpus/built_with" 2>/dev/null)" = "$_built" ]; then
   echo "corpus: $corpus, built by an earlier call with the same options"
 else
   rm -f "$corpus/built_with"
-  python3 -m toolkit.voice.corpus --out "$corpus" --train "$utterances" --heldout 100 --seed 0 --workers 14 \
+  python3 -m training.voice.corpus --out "$corpus" --train "$utterances" --heldout 100 --seed 0 --workers 14 \
     "${corpus_options[@]}" 2>&1 | tail -3
   echo "$_built" > "$corpus/built_with"
 fi
 resume=${RESUME:-$fresh}
-[ -n "${RESUME:-}" ] || python3 -m toolkit.voice.train --from-voice toolkit/assets/voice --from-voice-fp32 --out "$resume"
+[ -n "${RESUME:-}" ] || python3 -m training.voice.train --from-voice toolkit/assets/voice --from-voice-fp32 --out "$resume"
 minutes=$(python3 -c "print(round(($deadline - ($(date +%s) - $t0) - $margin) / 60, 2))")
 echo "corpus and checkpoints: $(( $(date +%s) - t0 )) s; training for $minutes minutes"
 unset _built

@@ -12,11 +12,13 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
+import sys
 from pathlib import Path
 
 import numpy as np
 
-from toolkit.voice.corpus import load_pack, save_pack
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the lab (training/) is not installed
+from training.voice.corpus import load_pack, save_pack  # noqa: E402
 
 # per-utterance arrays, and the offset arrays that index the concatenated ones: (values, offsets)
 PER_UTT = ("spk", "lang")

@@ -2,7 +2,7 @@
 # The shipped voice's check as a user runs it: `ttsq synth TEXT -o F` (no --model, no --speaker: the default voice)
 # on a corpus's held-out sentences, then DNSMOS overall and the duration against each sentence's espeak reference.
 #   bash benchmarks/voice_synth_check.sh CORPUS N OUT_DIR
-# e.g. CORPUS from `python -m toolkit.voice.corpus --out runs/corpus_fresh3 --train 0 --heldout 20 --seed 3
+# e.g. CORPUS from `python -m training.voice.corpus --out runs/corpus_fresh3 --train 0 --heldout 20 --seed 3
 # --unseen-by runs/corpus_40k`. Prints one JSON line per sentence, then the means; writes the WAVs and rows.json into
 # OUT_DIR, which must be new or empty. Run from the repository root in its environment (source .venv/bin/activate).
 set -euo pipefail
@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import soundfile as sf
 
-from toolkit.voice.measure import dnsmos_scores, heldout, share_within_25pct
+from training.voice.measure import dnsmos_scores, heldout, share_within_25pct
 
 corpus, n, out = Path(sys.argv[1]), int(sys.argv[2]), Path(sys.argv[3])
 rows = []

@@ -3,7 +3,7 @@
 # vocoder on (`train --stages vocos`, from its weights), e.g. with --vocos-gan against Vocos's discriminators. Back come
 # the vocoder's run checkpoint ($OUT/vocos.0.pt and vocos.json, fp32, about 8 MB) and the training log; beside the
 # shipped voice's other run checkpoints (`train --from-voice`) it exports as a voice (`train --stages "" --export`).
-#   bash benchmarks/voice_vocos_h200.sh UTTERANCES DEADLINE_SECONDS [toolkit.voice.train options...]
+#   bash benchmarks/voice_vocos_h200.sh UTTERANCES DEADLINE_SECONDS [training.voice.train options...]
 # The training gets what is left of DEADLINE_SECONDS after the corpus, less a margin for saving. A warm machine keeps
 # runs/ between calls: RESUME=runs/voc goes on from the previous call's run (its vocoder, and with --vocos-gan its
 # discriminators, 41 M parameters, which stay there; a --vocos-grow belongs to the first call only). DEVICE=cpu runs
@@ -19,7 +19,7 @@ if [[ " $* " == *" --vocos-on-decoder "* ]]; then
 fi
 source benchmarks/voice_call.sh
 rm -rf runs/voc.next
-python3 -m toolkit.voice.train --data "$corpus/pack" --resume "$resume" --stages vocos --out runs/voc.next \
+python3 -m training.voice.train --data "$corpus/pack" --resume "$resume" --stages vocos --out runs/voc.next \
   --vocos-minutes "$minutes" --device "${DEVICE:-cuda}" "$@" > "$out/train_log.jsonl"
 tail -3 "$out/train_log.jsonl"
 whole_run runs/voc.next gpt dvae  # so that RESUME=runs/voc finds the GPT and DVAE too

@@ -1,9 +1,9 @@
-"""The voice lab's input-code corruption (train --code-noise): audio inputs change at about the asked rate, text
-positions never, and never into the EOS code."""
+"""The voice lab's training options: the input-code corruption (train --code-noise) changes audio inputs at about
+the asked rate, text positions never, and never into the EOS code; the typed stage configs read the flags."""
 
 import torch
 
-from toolkit.voice.train import corrupt_codes
+from training.voice.train import corrupt_codes
 
 
 def test_corruption_touches_audio_inputs_only_at_the_asked_rate():
@@ -17,3 +17,22 @@ def test_corruption_touches_audio_inputs_only_at_the_asked_rate():
     assert 0.25 < changed[:, 50:].float().mean().item() < 0.31  # 0.3 less the ~1/625 drawn unchanged
     assert int(out.max()) < 625
     assert corrupt_codes(cod, is_audio, 0.0, 626) is cod
+
+
+def test_each_stage_config_reads_its_own_flags_and_defaults_as_the_command_line_does():
+    """train's typed stage configs: --vocos-lr is VocosStage.lr, --gpt-lr GPTStage.lr, shared flags (--seed) reach
+    every stage, and a config built in code has the command line's defaults."""
+    from pathlib import Path
+
+    from training.voice.train import DVAEStage, ExportConfig, GPTStage, VocosStage, parser, stage_config
+
+    args = parser().parse_args(["--out", "r", "--seed", "3", "--vocos-lr", "1e-4", "--gpt-lr", "2e-4", "--guided", "0"])
+    vocos, gpt = stage_config(VocosStage, args, "vocos_"), stage_config(GPTStage, args, "gpt_")
+    assert (vocos.lr, vocos.seed, vocos.out) == (1e-4, 3, Path("r"))
+    assert (gpt.lr, gpt.seed, gpt.guided) == (2e-4, 3, 0.0)
+    defaults = parser().parse_args(["--out", "r"])
+    assert stage_config(VocosStage, defaults, "vocos_") == VocosStage(out=Path("r"))
+    assert stage_config(DVAEStage, defaults, "dvae_") == DVAEStage(out=Path("r"))
+    assert stage_config(GPTStage, defaults, "gpt_") == GPTStage(out=Path("r"))
+    export = parser().parse_args(["--export", "v", "--resume", "r", "--data", "p"])
+    assert stage_config(ExportConfig, export) == ExportConfig(export=Path("v"), resume=Path("r"), data=Path("p"))

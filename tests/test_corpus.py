@@ -1,4 +1,4 @@
-"""The voice corpus's open-vocabulary text (toolkit/voice/corpus.py, sources.py) and its held-out natural sets."""
+"""The voice corpus's open-vocabulary text (training/voice/corpus.py, sources.py) and its held-out natural sets."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from toolkit.textsets import load_text_set
-from toolkit.voice import sources
-from toolkit.voice.corpus import DEFAULT_MIX, LEGACY_MIX, _template_texts, build, main, make_texts, parse_mix
+from training.voice import sources
+from training.voice.corpus import DEFAULT_MIX, LEGACY_MIX, _template_texts, build, main, make_texts, parse_mix
 
 ROOT = Path(__file__).resolve().parents[1]
 HELD = {lang: ROOT / "calibration_sets" / f"heldout_natural_{lang}.jsonl" for lang in ("en", "zh")}

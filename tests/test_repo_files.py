@@ -1,10 +1,13 @@
 """What the repository tracks: no large files outside the shipped assets. Weights, audio and archives belong in
 toolkit/assets/ (shipped with the package) or, small, in tests/fixtures/; a run's outputs stay out of git."""
 
+import fnmatch
 import subprocess
 from pathlib import Path
 
 import pytest
+
+tomllib = pytest.importorskip("tomllib")  # Python 3.11 on
 
 ROOT = Path(__file__).resolve().parents[1]
 MB = 2**20
@@ -49,3 +52,15 @@ def test_the_check_refuses_large_files_outside_the_assets(tmp_path):
 
 def test_no_large_files_are_tracked_outside_the_shipped_assets():
     assert too_large(tracked()) == [], "move them to toolkit/assets/ (if they ship) or keep them out of git"
+
+
+def test_the_lab_is_not_installed():
+    """pyproject.toml installs the library, evaluation and the GUI; training/ (the voice lab) runs from a checkout."""
+    found = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]["find"]["include"]
+
+    def installed(name):
+        return any(fnmatch.fnmatch(name, p) for p in found)
+
+    assert all(map(installed, ["toolkit", "toolkit.models", "evaluation", "gui"]))
+    assert not any(map(installed, ["training", "training.voice"]))
+    assert not (ROOT / "toolkit" / "voice").exists()

@@ -343,12 +343,12 @@ ESPEAK = shutil.which("espeak-ng") is not None
 @pytest.mark.trains
 def test_shipped_voice_speaker_from_espeak_audio_lands_nearest_that_voice(tmp_path):
     """One espeak-ng voice's audio of one sentence -> `ttsq speaker from-audio` fits a speaker vector; the voice then
-    says another sentence, and its mean voiced spectrum (toolkit.voice.measure's speaker distance) is nearer that
+    says another sentence, and its mean voiced spectrum (training.voice.measure's speaker distance) is nearer that
     espeak voice's own audio of the sentence than any other espeak voice's."""
     from toolkit.sample_speaker import TeacherForced, sample_codes, trim
     from toolkit.synthesizer import Synthesizer
-    from toolkit.voice.corpus import SPEAKERS, espeak_wav
-    from toolkit.voice.measure import mean_spectrum
+    from training.voice.corpus import SPEAKERS, espeak_wav
+    from training.voice.measure import mean_spectrum
 
     said, other, target = "She walked to the market this morning.", "We should meet again after lunch.", "f4"
     wav = tmp_path / "f4.wav"

@@ -62,7 +62,7 @@ def test_quantiser_matches_gfsq_decoder():
     import torch
 
     from toolkit.models.decoder import DVAEDecoder
-    from toolkit.voice.train import codes_from_digits, dvae_features, quantise, voice_config
+    from training.voice.train import codes_from_digits, dvae_features, quantise, voice_config
 
     cfg = voice_config(100, smoke=True)
     dec = DVAEDecoder(cfg.dvae, cfg.gfsq)
@@ -77,7 +77,7 @@ def test_quantiser_matches_gfsq_decoder():
 @pytest.mark.trains
 def test_smoke_training_writes_a_checkpoint_that_synthesizes(tmp_path):
     from toolkit.synthesizer import Synthesizer, load_model
-    from toolkit.voice.train import main
+    from training.voice.train import main
 
     t0 = time.process_time()  # this process's CPU time: other load on the machine does not count
     main(["--smoke", "--out", str(tmp_path / "run"), "--export", str(tmp_path / "model")])
@@ -102,7 +102,7 @@ def test_decoder_of_a_new_width_trains_from_scratch_and_exports(tmp_path):
 
     from toolkit.sampling import SamplingParams
     from toolkit.synthesizer import Synthesizer, load_model
-    from toolkit.voice.train import load_state, main
+    from training.voice.train import load_state, main
 
     run = tmp_path / "run"
     main(["--smoke", "--out", str(run)])
@@ -168,8 +168,8 @@ def test_gpt_resumes_from_the_shipped_voice_on_a_codes_pack(tmp_path):
     import torch
 
     from toolkit.checkpoint import load_ttsq
-    from toolkit.voice.corpus import build, load_pack
-    from toolkit.voice.train import Data, checkpoints_from_voice, load_state, main, save_state, sub_state
+    from training.voice.corpus import build, load_pack
+    from training.voice.train import Data, checkpoints_from_voice, load_state, main, save_state, sub_state
 
     info = build(
         tmp_path / "corpus",
@@ -265,8 +265,8 @@ def test_freeze_gpt_trains_the_decoder_alone_on_real_mels(tmp_path, detail):
 
     import torch
 
-    from toolkit.voice.corpus import build, load_pack
-    from toolkit.voice.train import Data, checkpoints_from_voice, load_state, main
+    from training.voice.corpus import build, load_pack
+    from training.voice.train import Data, checkpoints_from_voice, load_state, main
 
     info = build(
         tmp_path / "corpus",
@@ -324,7 +324,7 @@ def test_freeze_gpt_trains_the_decoder_alone_on_real_mels(tmp_path, detail):
 @pytest.fixture(scope="module")
 def codes_pcm_corpus(tmp_path_factory) -> Path:
     """Six training utterances of the shipped voice as a codes pack with their PCM (corpus --codes-from)."""
-    from toolkit.voice.corpus import build
+    from training.voice.corpus import build
 
     out = tmp_path_factory.mktemp("codes_pcm") / "corpus"
     build(out, n_train=6, n_heldout=1, seed=0, workers=2, vocoder_seconds=60, codes_from=SHIPPED, encoder=ENCODER)
@@ -342,8 +342,8 @@ def test_vocos_on_decoder_pairs_the_decoders_mels_with_their_own_audio(tmp_path,
     import torch
 
     from toolkit.models.vocos import LogMel
-    from toolkit.voice.corpus import load_pack
-    from toolkit.voice.train import Data, checkpoints_from_voice, decoder_mels, load_gpt_decoder, main, voice_config
+    from training.voice.corpus import load_pack
+    from training.voice.train import Data, checkpoints_from_voice, decoder_mels, load_gpt_decoder, main, voice_config
 
     checkpoints_from_voice(SHIPPED, ENCODER, tmp_path / "ckpt")
     pack = load_pack(codes_pcm_corpus / "pack")
@@ -388,12 +388,12 @@ def test_vocos_on_decoder_pairs_the_decoders_mels_with_their_own_audio(tmp_path,
 @needs_espeak
 @pytest.mark.skipif(not (SHIPPED / "manifest.json").is_file(), reason="no shipped voice")
 def test_gap_scores_each_stage_against_the_real_audio(codes_pcm_corpus, tmp_path):
-    """toolkit.voice.gap on the shipped voice: every stage's audio is near the real audio (DTW-MCD), every stage gets
+    """training.voice.gap on the shipped voice: every stage's audio is near the real audio (DTW-MCD), every stage gets
     a DNSMOS on the 1-5 scale, and, first in the JSON, every stage's error rate (what the ASR heard against the text)
     with a CI."""
     import json
 
-    from toolkit.voice.gap import STAGES, main
+    from training.voice.gap import STAGES, main
 
     res = main(["--corpus", str(codes_pcm_corpus), "--n", "3", "--json", str(tmp_path / "gap.json")])
     assert res["utterances"] == 3
@@ -435,9 +435,9 @@ def test_alignment_check_reads_along_the_text_on_a_training_sentence(tmp_path):
 
     import torch
 
-    from toolkit.voice.alignment import main
-    from toolkit.voice.corpus import build
-    from toolkit.voice.train import off_diagonal_mass
+    from training.voice.alignment import main
+    from training.voice.corpus import build
+    from training.voice.train import off_diagonal_mass
 
     build(tmp_path / "corpus", n_train=4, n_heldout=1, seed=0, workers=1, vocoder_seconds=200)
     main(
@@ -474,7 +474,7 @@ def test_export_takes_a_decoder_trained_apart_and_stores_fp16(tmp_path):
     from safetensors.torch import load_file, save_file
 
     from toolkit.synthesizer import load_model
-    from toolkit.voice.train import load_state, main, save_part_fp16, sub_state
+    from training.voice.train import load_state, main, save_part_fp16, sub_state
 
     run = tmp_path / "run"
     main(["--smoke", "--out", str(run)])
@@ -514,7 +514,7 @@ def test_a_fresh_held_out_set_leaves_out_every_text_a_corpus_was_trained_on(tmp_
     whose held-out texts are none of CORPUS's, though seed S alone would draw some of them."""
     import json
 
-    from toolkit.voice.corpus import build, main, make_texts
+    from training.voice.corpus import build, main, make_texts
 
     plain = [o["text"] for o in make_texts(0, 4, seed=1)]
     (tmp_path / "trained").mkdir()  # a corpus that trained on two of the texts seed 1 holds out
@@ -541,12 +541,12 @@ def test_a_fresh_held_out_set_leaves_out_every_text_a_corpus_was_trained_on(tmp_
 @needs_espeak
 @pytest.mark.skipif(not (SHIPPED / "manifest.json").is_file(), reason="no shipped voice")
 def test_measure_scores_held_out_sentences_and_the_vocoders_ceiling(tmp_path, capsys):
-    """toolkit.voice.measure on two held-out sentences of a fresh corpus: every figure is there and in range, and the
+    """training.voice.measure on two held-out sentences of a fresh corpus: every figure is there and in range, and the
     vocoder resynthesising a reference from its own log-mel is closer to it than the whole model's synthesis is."""
     import json
 
-    from toolkit.voice.corpus import build
-    from toolkit.voice.measure import main
+    from training.voice.corpus import build
+    from training.voice.measure import main
 
     build(tmp_path / "corpus", n_train=2, n_heldout=3, seed=0, workers=1, vocoder_seconds=0)
     res = main(
@@ -629,7 +629,7 @@ def test_measure_scores_held_out_sentences_and_the_vocoders_ceiling(tmp_path, ca
 def test_a_clip_too_short_for_dnsmos_scores_nan_and_is_left_out_of_the_voice_tables():
     """A synthesis that stopped at once (under DNSMOS's 0.5 s) gets NaN for every DNSMOS part instead of stopping the
     whole measure or gap run, and the by-voice tables average only the clips that were scored."""
-    from toolkit.voice.measure import DNSMOS_PARTS, dnsmos_scores, dnsmos_tables
+    from training.voice.measure import DNSMOS_PARTS, dnsmos_scores, dnsmos_tables
 
     short = dnsmos_scores(np.zeros(11_000, np.float32))  # 0.46 s at 24 kHz
     assert set(short) >= set(DNSMOS_PARTS) and all(np.isnan(short[p]) for p in DNSMOS_PARTS)
@@ -699,8 +699,8 @@ def test_discriminators_learn_to_tell_speech_from_a_degraded_copy():
     import torch
     import torch.nn.functional as F
 
-    from toolkit.voice.corpus import espeak_wav
-    from toolkit.voice.discriminators import Discriminators
+    from training.voice.corpus import espeak_wav
+    from training.voice.discriminators import Discriminators
 
     torch.manual_seed(0)
     wav = torch.from_numpy(espeak_wav("The quick brown fox jumps over the lazy dog, twice.", "en", "f2"))
@@ -736,8 +736,8 @@ def test_mel_discriminators_learn_to_tell_real_mels_from_smoothed_ones():
 
     from toolkit.models.config import VocosConfig
     from toolkit.models.vocos import LogMel
-    from toolkit.voice.corpus import espeak_wav
-    from toolkit.voice.discriminators import MelDiscriminators
+    from training.voice.corpus import espeak_wav
+    from training.voice.discriminators import MelDiscriminators
 
     torch.manual_seed(0)
     wav = torch.from_numpy(
@@ -770,7 +770,7 @@ def test_mel_windows_cut_only_valid_frames_of_rows_long_enough():
     import numpy as np
     import torch
 
-    from toolkit.voice.train import mel_windows
+    from training.voice.train import mel_windows
 
     B, n_mels, F_, frames = 3, 4, 40, 8
     real = torch.arange(B * n_mels * F_, dtype=torch.float32).reshape(B, n_mels, F_)
@@ -793,9 +793,9 @@ def test_mel_windows_cut_only_valid_frames_of_rows_long_enough():
 def test_vocos_gan_stage_saves_its_discriminators_and_resumes_them(tmp_path):
     import torch
 
-    from toolkit.voice.corpus import build
-    from toolkit.voice.discriminators import Discriminators
-    from toolkit.voice.train import load_state, main
+    from training.voice.corpus import build
+    from training.voice.discriminators import Discriminators
+    from training.voice.train import load_state, main
 
     build(tmp_path / "corpus", n_train=6, n_heldout=1, seed=0, workers=2, vocoder_seconds=20)
     common = [
@@ -821,7 +821,7 @@ def test_parallel_vocoder_process_gets_every_vocos_option():
     """--parallel trains the vocoder in a child process: it must get the same --vocos-* options as the parent."""
     import argparse
 
-    from toolkit.voice.train import vocos_options
+    from training.voice.train import vocos_options
 
     args = argparse.Namespace(
         vocos_lr=2e-4,
@@ -848,7 +848,7 @@ def test_code_loss_weighs_the_eos_target():
     import torch
     import torch.nn.functional as F
 
-    from toolkit.voice.train import code_loss
+    from training.voice.train import code_loss
 
     g = torch.Generator().manual_seed(0)
     logits = torch.randn(6, 4, 626, generator=g)
@@ -865,7 +865,7 @@ def test_paired_comparison_of_two_measure_results(tmp_path):
     one model failed (nan) drops out of that figure only."""
     import json
 
-    from toolkit.voice.measure import main
+    from training.voice.measure import main
 
     rng = np.random.default_rng(0)
     base = [
@@ -919,7 +919,7 @@ def test_grown_gpt_computes_what_the_old_one_did_and_its_new_blocks_learn(tmp_pa
     import torch
 
     from toolkit.models.gpt import GPT
-    from toolkit.voice.train import GUIDED_LAYER, grow_gpt_layers, voice_config
+    from training.voice.train import GUIDED_LAYER, grow_gpt_layers, voice_config
 
     cfg = dataclasses.replace(voice_config(20, smoke=True).gpt, layers=3)
     torch.manual_seed(0)
@@ -948,7 +948,7 @@ def grow_train_and_export(tmp_path, stage: str, options: list[str]):
     it, exported and loaded: -> (the stage's trained state, the loaded model), after checking that the model speaks."""
     from toolkit.sampling import SamplingParams
     from toolkit.synthesizer import Synthesizer, load_model
-    from toolkit.voice.train import load_state, main
+    from training.voice.train import load_state, main
 
     run, grown = tmp_path / "run", tmp_path / "grown"
     main(["--smoke", "--out", str(run)])
@@ -997,7 +997,7 @@ def test_grown_vocoder_renders_what_the_old_one_did_and_its_new_blocks_learn(tmp
     import torch
 
     from toolkit.models.vocos import Vocos
-    from toolkit.voice.train import grow_vocos_layers, main, voice_config
+    from training.voice.train import grow_vocos_layers, main, voice_config
 
     cfg = voice_config(20, smoke=True).vocos
     torch.manual_seed(0)
@@ -1033,7 +1033,7 @@ def test_grown_vocoder_renders_what_the_old_one_did_and_its_new_blocks_learn(tmp
 
 def test_picture_titles_show_mandarin_as_its_phonemes():
     """matplotlib's default font has no CJK glyphs: a Mandarin title would be a row of boxes."""
-    from toolkit.voice.measure import picture_text
+    from training.voice.measure import picture_text
 
     en = {"text": "The cat sat on the mat.", "phonemes": "ðə kˈat sˈat"}
     zh = {"text": "妈妈刚才需要红色的雨伞。", "phonemes": "mˈɑ5 mˈɑ5 kˈa5ŋ"}

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import numpy as np
 
-from toolkit.voice.corpus import load_pack, save_pack
+from training.voice.corpus import load_pack, save_pack
 
 ROOT = Path(__file__).resolve().parents[1]
 spec = importlib.util.spec_from_file_location("voice_pack_parts", ROOT / "benchmarks" / "voice_pack_parts.py")

@@ -1,7 +1,7 @@
 """DVAE encoders: 24 kHz audio -> the 4-codebook codes the GPT reads (one code per two mel frames).
 
 - DVAEEncoder: ChatTTS's (its DVAE's encode direction; speakers from sample audio, `spk_smp`);
-- VoiceEncoder: the one ttsq's voice lab trained with the shipped voice (toolkit.voice.train).
+- VoiceEncoder: the one ttsq's voice lab trained with the shipped voice (training.voice.train).
 """
 
 from __future__ import annotations

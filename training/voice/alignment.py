@@ -5,7 +5,7 @@ the off-diagonal mass the guided-attention loss penalises (0 = on the diagonal; 
 how many steps the model went on after its attention reached the end of the text (a late EOS).
 A picture per sentence, training sentences on the top row, held-out ones below.
 
-    python -m toolkit.voice.alignment --corpus DIR --out docs/voice/alignment.png [--n 3] [--json FILE]
+    python -m training.voice.alignment --corpus DIR --out docs/voice/alignment.png [--n 3] [--json FILE]
 """
 
 from __future__ import annotations
@@ -23,9 +23,9 @@ from .train import GUIDED_HEADS, GUIDED_LAYER, off_diagonal_mass, text_attention
 @torch.inference_mode()
 def sentence_alignment(syn, text: str, speaker: str, max_new_tokens: int = 450) -> tuple[np.ndarray, float, bool]:
     """-> (attention of each code step over the text positions (N, T), off-diagonal mass, EOS reached)."""
-    from ..engine import Engine
-    from ..prompt import encode_prompts
-    from ..sampling import SamplingParams
+    from toolkit.engine import Engine
+    from toolkit.prompt import encode_prompts
+    from toolkit.sampling import SamplingParams
 
     gpt = syn.model.gpt
     emb, valid = encode_prompts(syn.model, [text], syn.speaker_vector(speaker))
@@ -46,7 +46,7 @@ def sentence_alignment(syn, text: str, speaker: str, max_new_tokens: int = 450) 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--corpus", type=Path, required=True, help="a corpus folder (toolkit.voice.corpus): its meta.jsonl")
+    ap.add_argument("--corpus", type=Path, required=True, help="a corpus folder (corpus.py): its meta.jsonl")
     ap.add_argument("--model", type=Path, default=None, help="default: the shipped voice")
     ap.add_argument("--n", type=int, default=3, help="sentences per split")
     ap.add_argument("--out", type=Path, required=True, help="PNG to write")
@@ -57,7 +57,7 @@ def main(argv=None) -> int:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from ..synthesizer import Synthesizer
+    from toolkit.synthesizer import Synthesizer
 
     items = [json.loads(line) for line in open(a.corpus / "meta.jsonl", encoding="utf-8")]
     picked = {split: [it for it in items if it["split"] == split][: a.n] for split in ("train", "heldout")}

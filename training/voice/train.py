@@ -1,4 +1,4 @@
-"""Train ttsq's shipped voice from an espeak-ng corpus pack (see toolkit.voice.corpus). Three stages:
+"""Train ttsq's shipped voice from an espeak-ng corpus pack (see training.voice.corpus). Three stages:
 
   vocos  mel -> wav (mel L1 + multi-resolution STFT losses; with --vocos-gan also discriminators) on the PCM subset
   dvae   mel -> GFSQ codes (4 codebooks of 625 = 5^4, G=2, R=2, straight-through) -> DVAEDecoder -> mel
@@ -9,9 +9,9 @@
 Seeded; bounded by --minutes (wall clock) or --steps; resumes from --resume (weights of any dtype).
 With --parallel the vocoder trains in a second process next to dvae -> gpt (one GPU holds both).
 
-  python -m toolkit.voice.train --data corpus/pack --out runs/voice --minutes 8.5 --parallel --device cuda
-  python -m toolkit.voice.train --export toolkit/assets/voice --resume runs/voice --data corpus/pack
-  python -m toolkit.voice.train --smoke --out /tmp/smoke       # seconds on CPU: tiny corpus, tiny model
+  python -m training.voice.train --data corpus/pack --out runs/voice --minutes 8.5 --parallel --device cuda
+  python -m training.voice.train --export toolkit/assets/voice --resume runs/voice --data corpus/pack
+  python -m training.voice.train --smoke --out /tmp/smoke       # seconds on CPU: tiny corpus, tiny model
 """
 
 from __future__ import annotations
@@ -32,20 +32,100 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..checkpoint import convstack_config
-from ..models.config import GPTConfig, ModelConfig, VocosConfig
-from ..models.convnext import ConvNeXtBlock
-from ..models.decoder import ConvStack, DVAEDecoder
-from ..models.dvae_encoder import VoiceEncoder as DVAEEncoder  # noqa: F401 (names kept)
-from ..models.dvae_encoder import codes_from_digits, quantise
-from ..models.gpt import GPT, Block
-from ..models.speaker import apply_speaker
-from ..models.vocos import LogMel, Vocos
+from toolkit.checkpoint import convstack_config
+from toolkit.models.config import GPTConfig, ModelConfig, VocosConfig
+from toolkit.models.convnext import ConvNeXtBlock
+from toolkit.models.decoder import ConvStack, DVAEDecoder
+from toolkit.models.dvae_encoder import VoiceEncoder as DVAEEncoder  # noqa: F401 (names kept)
+from toolkit.models.dvae_encoder import codes_from_digits, quantise
+from toolkit.models.gpt import GPT, Block
+from toolkit.models.speaker import apply_speaker
+from toolkit.models.vocos import LogMel, Vocos
+
 from .config import ENCODER_FILE, SHIPPED_ENCODER, voice_config
 from .discriminators import MEL_WEIGHT, Discriminators, DiscriminatorSet, MelDiscriminators
 
 SHARD_BYTES = 15 * 2**20
 MEL_LO, MEL_HI = -11.6, 4.4
+
+
+# --- what each stage reads ------------------------------------------------------------------------
+@dataclasses.dataclass
+class VocosStage:
+    """Stage 1: the vocoder (mel -> wav)."""
+
+    out: Path  # the run folder its checkpoints go to
+    resume: Path | None = None  # a run folder to resume from
+    seed: int = 0
+    smoke: bool = False  # tiny shapes (the CPU smoke run)
+    log_every: int = 50
+    batch: int = 32
+    lr: float = 5e-4
+    minutes: float | None = None  # wall-clock budget; with steps, whichever ends first (None: no limit)
+    steps: int | None = None
+    gan: bool = False  # adversarial training against discriminators.Discriminators
+    grow: int = 0  # new layers appended to a resumed vocoder
+
+
+@dataclasses.dataclass
+class DVAEStage:
+    """Stage 2: the DVAE (mel -> codes -> mel)."""
+
+    out: Path
+    resume: Path | None = None
+    seed: int = 0
+    smoke: bool = False
+    log_every: int = 50
+    batch: int = 64
+    lr: float = 1e-3
+    minutes: float | None = None
+    steps: int | None = None
+
+
+@dataclasses.dataclass
+class GPTStage:
+    """Stage 3: the GPT (text -> codes) and the Decoder (GPT states -> mel), trained together."""
+
+    out: Path
+    resume: Path | None = None
+    seed: int = 0
+    log_every: int = 50
+    batch: int = 64
+    lr: float = 6e-4
+    minutes: float | None = None
+    steps: int | None = None
+    tokens: int = 24000  # a batch's rows are capped at this many positions in all
+    save_every: float = 2.0  # minutes between checkpoints (0: only at the end)
+    restart_schedule: bool = False  # a resumed run starts its curriculum and guided-attention schedule again
+    freeze_gpt: bool = False  # train the Decoder only
+    code_noise: float = 0.0  # share of the GPT's input audio codes replaced by random ones (targets kept)
+    eos_weight: float = 1.0
+    guided: float = 1.0  # guided-attention loss weight
+    mel_weight: float = 1.0
+    decoder_stft: float = 0.0  # weight of the vocoded STFT loss on the Decoder's mels
+    decoder_gan: float = 0.0  # weight of the mel-patch discriminators' loss
+    decoder_gan_windows: int = 1
+
+
+@dataclasses.dataclass
+class ExportConfig:
+    """A run's checkpoints as a ttsq voice folder."""
+
+    export: Path  # the voice folder written
+    resume: Path  # the run folder read
+    data: Path  # the corpus pack (its tokenizer and speakers)
+    smoke: bool = False
+    decoder_from: Path | None = None  # a Decoder trained apart, in place of the run's own
+    default_voice: str | None = None
+    export_fp16: bool = False
+
+
+def stage_config(cls, args: argparse.Namespace, prefix: str = ""):
+    """cls's fields from the command line: PREFIX_name where the flag has the stage's prefix (--vocos-lr: lr), else
+    name (--seed)."""
+    return cls(
+        **{f.name: getattr(args, prefix + f.name, getattr(args, f.name, f.default)) for f in dataclasses.fields(cls)}
+    )
 
 
 # --- checkpoints: sharded, any dtype -------------------------------------------------------------
@@ -296,19 +376,21 @@ def discriminator_step(
     return adv, fm, {"disc": loss_d.detach(), "adv": adv.detach(), "fm": fm.detach()}
 
 
-def train_vocos(cfg: ModelConfig, data: Data, args, device, log, dec_mels: dict[int, Tensor] | None = None) -> None:
+def train_vocos(
+    cfg: ModelConfig, data: Data, st: VocosStage, device, log, dec_mels: dict[int, Tensor] | None = None
+) -> None:
     """With --vocos-gan, adversarial training against discriminators.Discriminators (their state is the run's
     vocos_disc checkpoint): the reconstruction losses alone leave a buzzy phase that DNSMOS hears.
     With dec_mels (decoder_mels), the vocoder reads the Decoder's mels instead of the audio's own, hop-aligned."""
-    torch.manual_seed(args.seed)
-    g = np.random.default_rng(args.seed)
-    prev = load_state(args.resume, "vocos")
-    if args.vocos_grow:
+    torch.manual_seed(st.seed)
+    g = np.random.default_rng(st.seed)
+    prev = load_state(st.resume, "vocos")
+    if st.grow:
         if not prev:
             raise SystemExit(
                 "--vocos-grow deepens a trained vocoder: give --resume a run folder with a vocos checkpoint"
             )
-        prev = (grow_vocos_layers(prev[0], cfg.vocos, args.vocos_grow, args.seed), prev[1])
+        prev = (grow_vocos_layers(prev[0], cfg.vocos, st.grow, st.seed), prev[1])
         cfg = dataclasses.replace(cfg, vocos=dataclasses.replace(cfg.vocos, layers=vocos_layer_count(prev[0])))
     vocos = Vocos(cfg.vocos).to(device)
     logmel = LogMel(cfg.vocos).to(device)
@@ -316,13 +398,13 @@ def train_vocos(cfg: ModelConfig, data: Data, args, device, log, dec_mels: dict[
     if prev:
         vocos.load_state_dict(prev[0])
         step0 = prev[1].get("step", 0)
-    betas = (0.8, 0.9) if args.vocos_gan else (0.8, 0.99)
-    opt = torch.optim.AdamW(vocos.parameters(), lr=args.vocos_lr, betas=betas, weight_decay=0.0)
+    betas = (0.8, 0.9) if st.gan else (0.8, 0.99)
+    opt = torch.optim.AdamW(vocos.parameters(), lr=st.lr, betas=betas, weight_decay=0.0)
     disc = opt_d = None
-    if args.vocos_gan:
-        disc, opt_d = resumed_discriminators(Discriminators(), args.resume, "vocos_disc", args.vocos_lr, betas, device)
-    seg = 64 * 256 if not args.smoke else 16 * 256
-    B = args.vocos_batch
+    if st.gan:
+        disc, opt_d = resumed_discriminators(Discriminators(), st.resume, "vocos_disc", st.lr, betas, device)
+    seg = 64 * 256 if not st.smoke else 16 * 256
+    B = st.batch
     tuned, torch.backends.cudnn.benchmark = torch.backends.cudnn.benchmark, True  # fixed shapes: cuDNN's fastest
     wav = data.wav.to(device)
     starts, ends = data.wav_off[:-1], data.wav_off[1:]
@@ -331,7 +413,7 @@ def train_vocos(cfg: ModelConfig, data: Data, args, device, log, dec_mels: dict[
     if dec_mels is not None:  # frame offsets at which both the audio and the Decoder's mel hold a whole segment
         room = np.minimum((ends - starts - seg) // hop, [dec_mels[int(u)].shape[1] - frames for u in data.wav_utt])
         ok = np.flatnonzero(room >= 0)
-    budget = Budget(args.vocos_minutes, args.vocos_steps)
+    budget = Budget(st.minutes, st.steps)
     step = 0
     while not budget.done(step):
         idx = g.choice(ok, B)
@@ -340,7 +422,7 @@ def train_vocos(cfg: ModelConfig, data: Data, args, device, log, dec_mels: dict[
         else:
             offs = [int(starts[i]) + hop * int(g.integers(0, room[i] + 1)) for i in idx]
         x = torch.stack([wav[o : o + seg] for o in offs])
-        set_lr(lr_at(step, budget.frac(step), args.vocos_lr, 200 if prev else 500), opt, opt_d)
+        set_lr(lr_at(step, budget.frac(step), st.lr, 200 if prev else 500), opt, opt_d)
         with torch.no_grad():
             mel = (
                 logmel(x)
@@ -364,13 +446,13 @@ def train_vocos(cfg: ModelConfig, data: Data, args, device, log, dec_mels: dict[
         loss.backward()
         torch.nn.utils.clip_grad_norm_(vocos.parameters(), 1.0 if disc is None else MEL_WEIGHT)  # same bound
         opt.step()
-        if step % args.log_every == 0:
+        if step % st.log_every == 0:
             log("vocos", step0 + step, mel_l1=loss_mel.item(), stft=loss_stft.item(), **extra)
         step += 1
     torch.backends.cudnn.benchmark = tuned  # the later stages' shapes vary from batch to batch
-    save_state(Path(args.out), "vocos", vocos.state_dict(), {"step": step0 + step})
+    save_state(Path(st.out), "vocos", vocos.state_dict(), {"step": step0 + step})
     if disc is not None:
-        save_state(Path(args.out), "vocos_disc", disc.state_dict(), {"step": step0 + step})
+        save_state(Path(st.out), "vocos_disc", disc.state_dict(), {"step": step0 + step})
     log("vocos", step0 + step, done=1)
 
 
@@ -399,31 +481,31 @@ def mel_batch(data: Data, idx, device, frames: int | None = None, g=None) -> tup
     return out.to(device), mask.to(device)
 
 
-def train_dvae(cfg: ModelConfig, data: Data, args, device, log) -> tuple[DVAEEncoder | None, DVAEDecoder]:
-    torch.manual_seed(args.seed + 1)
-    g = np.random.default_rng(args.seed + 1)
-    enc = DVAEEncoder(cfg, hidden=64 if args.smoke else 256).to(device)
+def train_dvae(cfg: ModelConfig, data: Data, st: DVAEStage, device, log) -> tuple[DVAEEncoder | None, DVAEDecoder]:
+    torch.manual_seed(st.seed + 1)
+    g = np.random.default_rng(st.seed + 1)
+    enc = DVAEEncoder(cfg, hidden=64 if st.smoke else 256).to(device)
     dec = DVAEDecoder(cfg.dvae, cfg.gfsq).to(device)
-    prev = load_state(args.resume, "dvae")
+    prev = load_state(st.resume, "dvae")
     if prev:
         dec.load_state_dict(sub_state(prev[0], "dec."))
         kept = sub_state(prev[0], "enc.")
-        frozen = args.dvae_minutes == 0 and not args.dvae_steps
+        frozen = st.minutes == 0 and not st.steps
         if not kept and frozen:  # a codes pack needs only the decoder, so a run may carry just that (4 MB lighter)
             return None, dec.eval()
         if not kept:
-            raise SystemExit(f"{args.resume}'s dvae checkpoint has no encoder, so the dvae stage cannot train on")
+            raise SystemExit(f"{st.resume}'s dvae checkpoint has no encoder, so the dvae stage cannot train on")
         enc.load_state_dict(kept)
         if frozen:
             return enc.eval(), dec.eval()
     params = list(enc.parameters()) + list(dec.parameters())
-    opt = torch.optim.AdamW(params, lr=args.dvae_lr, weight_decay=0.0)
-    budget = Budget(args.dvae_minutes, args.dvae_steps)
+    opt = torch.optim.AdamW(params, lr=st.lr, weight_decay=0.0)
+    budget = Budget(st.minutes, st.steps)
     step = 0
     while not budget.done(step):
-        idx = g.integers(0, data.n, args.dvae_batch)
+        idx = g.integers(0, data.n, st.batch)
         mel, mask = mel_batch(data, idx, device, frames=256, g=g)
-        set_lr(lr_at(step, budget.frac(step), args.dvae_lr, 300), opt)
+        set_lr(lr_at(step, budget.frac(step), st.lr, 300), opt)
         with autocast(device):
             value, digits = quantise(enc(mel), cfg.gfsq.residuals)
             pred = dec.stack(dvae_features(dec, value))
@@ -433,7 +515,7 @@ def train_dvae(cfg: ModelConfig, data: Data, args, device, log) -> tuple[DVAEEnc
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         opt.step()
-        if step % args.log_every == 0:
+        if step % st.log_every == 0:
             codes = codes_from_digits(digits)
             used = [int(torch.unique(codes[..., q][mask[:, ::2]]).numel()) for q in range(codes.shape[-1])]
             log("dvae", step, mel_l1=loss.item(), codes_used=used)
@@ -442,7 +524,7 @@ def train_dvae(cfg: ModelConfig, data: Data, args, device, log) -> tuple[DVAEEnc
         **{f"enc.{k}": v for k, v in enc.state_dict().items()},
         **{f"dec.{k}": v for k, v in dec.state_dict().items()},
     }
-    save_state(Path(args.out), "dvae", state, {"step": step})
+    save_state(Path(st.out), "dvae", state, {"step": step})
     log("dvae", step, done=1)
     return enc.eval(), dec.eval()
 
@@ -470,7 +552,7 @@ STFT_FRAMES = 64  # mel frames per utterance that --decoder-stft vocodes and --d
 
 def text_attention(attn, x: Tensor, cos: Tensor, sin: Tensor, text_len: Tensor, heads: int) -> Tensor:
     """The first `heads` heads' attention over text keys only: x (B, L, D) the layer's input -> (B, heads, L, L)."""
-    from ..models.gpt import rotate_half
+    from toolkit.models.gpt import rotate_half
 
     B, L, _ = x.shape
     q, k, _ = attn.wqkv(x).view(B, L, 3, attn.heads, attn.head_dim).unbind(2)
@@ -620,7 +702,7 @@ def train_gpt(
     cfg: ModelConfig,
     data: Data,
     codes: list[Tensor],
-    args,
+    st: GPTStage,
     device,
     log,
     spk_id: int,
@@ -628,14 +710,14 @@ def train_gpt(
     prev: tuple[dict, dict] | None = None,
 ):
     """prev: the resumed gpt checkpoint (state, meta), or None to start from scratch."""
-    torch.manual_seed(args.seed + 2)
-    g = np.random.default_rng(args.seed + 2)
+    torch.manual_seed(st.seed + 2)
+    g = np.random.default_rng(st.seed + 2)
     gpt = GPT(cfg.gpt).to(device)
     decoder = ConvStack(cfg.decoder).to(device)
     n_spk = len(data.info["speakers"])
     spk_table = nn.Parameter(torch.randn(n_spk, cfg.gpt.hidden, device=device))
     step0 = 0
-    fresh = prev is None or args.restart_schedule
+    fresh = prev is None or st.restart_schedule
     if prev:
         gpt.load_state_dict(sub_state(prev[0], "gpt."))
         kept = sub_state(prev[0], "decoder.")
@@ -653,33 +735,31 @@ def train_gpt(
         step0 = prev[1].get("step", 0)
     guided = GuidedAttention(gpt, layer=min(GUIDED_LAYER, cfg.gpt.layers - 1), heads=GUIDED_HEADS)
     vocos = None
-    if args.decoder_stft > 0:  # the run's vocoder, frozen: it only scores the Decoder's mels
-        prev_v = load_state(args.resume, "vocos")
+    if st.decoder_stft > 0:  # the run's vocoder, frozen: it only scores the Decoder's mels
+        prev_v = load_state(st.resume, "vocos")
         if prev_v is None:
             raise SystemExit("--decoder-stft needs a trained vocoder in --resume (a vocos checkpoint)")
         vocos = Vocos(cfg.vocos).to(device).eval().requires_grad_(False)
         vocos.load_state_dict(prev_v[0])
     disc = opt_d = None
-    if args.decoder_gan > 0:  # mel-patch discriminators
-        disc, opt_d = resumed_discriminators(
-            MelDiscriminators(), args.resume, "decoder_disc", args.gpt_lr, (0.8, 0.99), device
-        )
+    if st.decoder_gan > 0:  # mel-patch discriminators
+        disc, opt_d = resumed_discriminators(MelDiscriminators(), st.resume, "decoder_disc", st.lr, (0.8, 0.99), device)
     # --freeze-gpt: the Decoder alone learns, from the frozen GPT's states (e.g. real mels after a codes-pack run)
     params = (
         list(decoder.parameters())
-        if args.freeze_gpt
+        if st.freeze_gpt
         else list(gpt.parameters()) + list(decoder.parameters()) + [spk_table]
     )
     decay = [p for p in params if p.dim() >= 2 and p is not spk_table]
     rest = [p for p in params if not (p.dim() >= 2 and p is not spk_table)]
     opt = torch.optim.AdamW(
         [{"params": decay, "weight_decay": 0.01}, {"params": rest, "weight_decay": 0.0}],
-        lr=args.gpt_lr,
+        lr=st.lr,
         betas=(0.9, 0.98),
     )
     order = np.argsort(data.steps, kind="stable")
     steps_sorted = data.steps[order]
-    budget = Budget(args.gpt_minutes, args.gpt_steps)
+    budget = Budget(st.minutes, st.steps)
     max_n = int(steps_sorted[-1])
     gpt.train(), decoder.train()
     step = 0
@@ -691,42 +771,42 @@ def train_gpt(
         n_ok = max(1, int(np.searchsorted(steps_sorted, cap, side="right")))
         start = int(g.integers(0, n_ok))
         n_len = int(steps_sorted[start]) + 60
-        B = max(2, min(args.gpt_batch, args.gpt_tokens // n_len))
+        B = max(2, min(st.batch, st.tokens // n_len))
         lo = max(0, min(start - B // 2, n_ok - B))
         idx = order[lo : lo + B]
-        set_lr(lr_at(step, frac, args.gpt_lr, 300 if prev else 800), opt, opt_d)
-        with autocast(device), torch.set_grad_enabled(not args.freeze_gpt):
-            x, tgt, T, N, L = build_batch(gpt, spk_table, data, codes, idx, spk_id, device, args.code_noise)
+        set_lr(lr_at(step, frac, st.lr, 300 if prev else 800), opt, opt_d)
+        with autocast(device), torch.set_grad_enabled(not st.freeze_gpt):
+            x, tgt, T, N, L = build_batch(gpt, spk_table, data, codes, idx, spk_id, device, st.code_noise)
             valid = torch.arange(L, device=device)[None] < (T + N)[:, None]
             h = gpt.forward_full(x, valid)
             sel = tgt[..., 0] != -100
             logits = gpt.code_logits(h[sel])  # (M, Q, V)
-            ce = code_loss(logits, tgt[sel], gpt.cfg.eos_code, args.eos_weight)
+            ce = code_loss(logits, tgt[sel], gpt.cfg.eos_code, st.eos_weight)
             hid = decoder_states(h, T, N, L)
         with autocast(device):
             mel_pred = decoder(hid.transpose(1, 2))
-            ga = guided.loss(T, N) if args.guided > 0 else torch.zeros((), device=device)
+            ga = guided.loss(T, N) if st.guided > 0 else torch.zeros((), device=device)
         # real mels where the pack has them; a codes-only pack's targets are its codes through the DVAE decoder
         mel, mask = mel_batch(data, idx, device) if data.has_mels else code_mel_batch(dvae_dec, codes, idx, device)
         Fm = min(mel.shape[-1], mel_pred.shape[-1])
         fmask = mask[:, :Fm] & (torch.arange(Fm, device=device)[None] < 2 * N[:, None])
         l1 = ((mel_pred[..., :Fm].float() - mel[..., :Fm]).abs().mean(1) * fmask).sum() / fmask.sum()
-        ga_w = args.guided * max(0.0, 1 - frac / 0.7) if fresh else args.guided * 0.2
-        loss = args.mel_weight * l1 if args.freeze_gpt else ce + args.mel_weight * l1 + ga_w * ga
+        ga_w = st.guided * max(0.0, 1 - frac / 0.7) if fresh else st.guided * 0.2
+        loss = st.mel_weight * l1 if st.freeze_gpt else ce + st.mel_weight * l1 + ga_w * ga
         detail = torch.zeros((), device=device)
         if vocos is not None:
             detail = vocoded_stft_loss(vocos, mel_pred[..., :Fm], mel[..., :Fm], fmask, STFT_FRAMES, g)
-            loss = loss + args.decoder_stft * detail
+            loss = loss + st.decoder_stft * detail
         gan = {}
         windows = (
-            mel_windows(mel_pred[..., :Fm], mel[..., :Fm], fmask, STFT_FRAMES, g, args.decoder_gan_windows)
+            mel_windows(mel_pred[..., :Fm], mel[..., :Fm], fmask, STFT_FRAMES, g, st.decoder_gan_windows)
             if disc is not None
             else None
         )
         if windows is not None:
             fake, real = windows
             adv, fm, gan = discriminator_step(disc, opt_d, real, fake)
-            loss = loss + args.decoder_gan * (adv + fm)
+            loss = loss + st.decoder_gan * (adv + fm)
         opt.zero_grad(set_to_none=True)
         if not torch.isfinite(loss):  # a bad batch must not poison the weights (run 2 of v1 died this way)
             log("gpt", step0 + step, skipped_nonfinite=1)
@@ -740,10 +820,10 @@ def train_gpt(
             step += 1
             continue
         opt.step()
-        if args.save_every and time.time() - last_save > 60 * args.save_every:
+        if st.save_every and time.time() - last_save > 60 * st.save_every:
             last_save = time.time()
             save_state(
-                Path(args.out),
+                Path(st.out),
                 "gpt",
                 {
                     **{f"gpt.{k}": v for k, v in gpt.state_dict().items()},
@@ -752,7 +832,7 @@ def train_gpt(
                 },
                 {"step": step0 + step, "partial": True},
             )
-        if step % args.log_every == 0:
+        if step % st.log_every == 0:
             with torch.no_grad():
                 acc = (logits.argmax(-1) == tgt[sel]).float().mean().item()
             log(
@@ -775,9 +855,9 @@ def train_gpt(
         **{f"decoder.{k}": v for k, v in decoder.state_dict().items()},
         "spk_table": spk_table.data,
     }
-    save_state(Path(args.out), "gpt", state, {"step": step0 + step})
+    save_state(Path(st.out), "gpt", state, {"step": step0 + step})
     if disc is not None:
-        save_state(Path(args.out), "decoder_disc", disc.state_dict(), {"step": step0 + step})
+        save_state(Path(st.out), "decoder_disc", disc.state_dict(), {"step": step0 + step})
     log("gpt", step0 + step, done=1)
     return gpt.eval(), decoder.eval(), spk_table.data
 
@@ -785,8 +865,8 @@ def train_gpt(
 @torch.no_grad()
 def probe(cfg, gpt, data, codes, spk_table, spk_id, device, log, n=16):
     """Free-running generation on training prompts: EOS rate and length ratio (an alignment check)."""
-    from ..engine import Engine
-    from ..sampling import SamplingParams
+    from toolkit.engine import Engine
+    from toolkit.sampling import SamplingParams
 
     eng = Engine(gpt)
     idx = np.linspace(0, data.n - 1, n).astype(int)
@@ -816,29 +896,29 @@ def probe(cfg, gpt, data, codes, spk_table, spk_id, device, log, n=16):
 
 
 # --- export --------------------------------------------------------------------------------------
-def export(args) -> Path:
-    from ..checkpoint import default_voice_first, save_ttsq
-    from ..models import Tokenizer, TTSModel
+def export(ex: ExportConfig) -> Path:
+    from toolkit.checkpoint import default_voice_first, save_ttsq
+    from toolkit.models import Tokenizer, TTSModel
 
-    tok_path = Path(args.data) / "tokenizer.json"
+    tok_path = Path(ex.data) / "tokenizer.json"
     tok = Tokenizer(tok_path)
-    g, d, v = load_state(args.resume, "gpt"), load_state(args.resume, "dvae"), load_state(args.resume, "vocos")
+    g, d, v = load_state(ex.resume, "gpt"), load_state(ex.resume, "dvae"), load_state(ex.resume, "vocos")
     if not (g and d and v):
-        raise SystemExit(f"{args.resume} lacks one of gpt/dvae/vocos checkpoints")
-    if args.decoder_from:  # a Decoder trained apart (benchmarks/voice_decoder_h200.sh) in place of the run's own
+        raise SystemExit(f"{ex.resume} lacks one of gpt/dvae/vocos checkpoints")
+    if ex.decoder_from:  # a Decoder trained apart (benchmarks/voice_decoder_h200.sh) in place of the run's own
         from safetensors.torch import load_file
 
         kept = {k: t for k, t in g[0].items() if not k.startswith("decoder.")}
-        g = ({**kept, **{f"decoder.{k}": t.float() for k, t in load_file(str(args.decoder_from)).items()}}, g[1])
-    model = TTSModel(run_config(voice_config(tok.vocab_size, args.smoke), g[0], vocos_state=v[0]), tok)
+        g = ({**kept, **{f"decoder.{k}": t.float() for k, t in load_file(str(ex.decoder_from)).items()}}, g[1])
+    model = TTSModel(run_config(voice_config(tok.vocab_size, ex.smoke), g[0], vocos_state=v[0]), tok)
     model.gpt.load_state_dict(sub_state(g[0], "gpt."))
     model.decoder.load_state_dict(sub_state(g[0], "decoder."))
     model.dvae.load_state_dict(sub_state(d[0], "dec."))
     model.vocos.load_state_dict(v[0])
     table = g[0]["spk_table"].float()
-    info = json.loads((Path(args.data) / "pack.json").read_text())
+    info = json.loads((Path(ex.data) / "pack.json").read_text())
     model.voices = default_voice_first(
-        {name: table[i].clone() for i, name in enumerate(info["speakers"])}, args.default_voice, "--default-voice"
+        {name: table[i].clone() for i, name in enumerate(info["speakers"])}, ex.default_voice, "--default-voice"
     )
     model.spk_stat.copy_(torch.stack([table.std(0), table.mean(0)]))
     extra = {
@@ -852,7 +932,7 @@ def export(args) -> Path:
         },
     }
     out = save_ttsq(
-        model, args.export, force=True, extra=extra, weights_dtype=torch.float16 if args.export_fp16 else torch.float32
+        model, ex.export, force=True, extra=extra, weights_dtype=torch.float16 if ex.export_fp16 else torch.float32
     )
     print(
         f"exported {out} ({sum(f.stat().st_size for f in Path(out).iterdir()) / 1e6:.1f} MB), "
@@ -882,7 +962,7 @@ def checkpoints_from_voice(model_dir: Path, encoder: Path, out: Path, dtype: tor
     from the shipped voice (run checkpoints are not kept in the repository)."""
     from safetensors.torch import load_file
 
-    from ..checkpoint import load_ttsq
+    from toolkit.checkpoint import load_ttsq
 
     model = load_ttsq(Path(model_dir))
     voice = json.loads((Path(model_dir) / "manifest.json").read_text()).get("voice", {})
@@ -923,9 +1003,9 @@ def vocos_options(args) -> list[str]:
     return out
 
 
-def main(argv=None):
+def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--data", type=Path, help="corpus pack folder (toolkit.voice.corpus --out DIR: DIR/pack)")
+    ap.add_argument("--data", type=Path, help="corpus pack folder (training.voice.corpus --out DIR: DIR/pack)")
     ap.add_argument("--out", type=Path, default=Path("runs/voice"))
     ap.add_argument("--resume", type=Path, default=None, help="folder with vocos/dvae/gpt checkpoints")
     ap.add_argument("--stages", default="vocos,dvae,gpt")
@@ -1062,6 +1142,11 @@ def main(argv=None):
         action="store_true",
         help="--from-voice writes float32 (the frozen parts stay exactly as shipped) instead of fp16",
     )
+    return ap
+
+
+def main(argv=None):
+    ap = parser()
     args = ap.parse_args(argv)
     if args.decoder_gan_windows < 1:
         ap.error(f"--decoder-gan-windows must be 1 or more, not {args.decoder_gan_windows}")
@@ -1083,12 +1168,12 @@ def main(argv=None):
             args.from_voice, args.encoder, args.out, torch.float32 if args.from_voice_fp32 else torch.float16
         )
     if args.export and not args.stages.strip():
-        out = export(args)
+        out = export(stage_config(ExportConfig, args))
         if args.encoder_to:
             save_encoder(args.resume, args.encoder_to)
         return out
     if args.data is None:
-        raise SystemExit("--data is required (build one with python -m toolkit.voice.corpus --out DIR)")
+        raise SystemExit("--data is required (build one with python -m training.voice.corpus --out DIR)")
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     torch.backends.cuda.matmul.allow_tf32 = True
     torch.backends.cudnn.allow_tf32 = True
@@ -1127,7 +1212,7 @@ def main(argv=None):
     from .corpus import load_pack
 
     data = Data(load_pack(args.data), device)
-    from ..models import Tokenizer
+    from toolkit.models import Tokenizer
 
     tok = Tokenizer(Path(args.data) / "tokenizer.json")
     spk_id, vocab = tok.token_id("[spk_emb]"), tok.vocab_size
@@ -1155,7 +1240,7 @@ def main(argv=None):
             [
                 sys.executable,
                 "-m",
-                "toolkit.voice.train",
+                "training.voice.train",
                 "--stages",
                 "vocos",
                 "--data",
@@ -1182,9 +1267,10 @@ def main(argv=None):
             if args.vocos_on_decoder
             else None
         )
-        train_vocos(cfg, data, args, device, log, dec_mels)
+        train_vocos(cfg, data, stage_config(VocosStage, args, "vocos_"), device, log, dec_mels)
     if "dvae" in stages or "gpt" in stages:
-        enc, dec = train_dvae(cfg, data, args, device, log) if "dvae" in stages or resumed_gpt else (None, None)
+        dvae = stage_config(DVAEStage, args, "dvae_")
+        enc, dec = train_dvae(cfg, data, dvae, device, log) if "dvae" in stages or resumed_gpt else (None, None)
         if dec is None:
             raise SystemExit("the gpt stage needs a DVAE: include the dvae stage or --resume a run that has one")
         if "gpt" in stages:
@@ -1195,15 +1281,15 @@ def main(argv=None):
                 )
             codes = data.codes if data.codes is not None else encode_all(enc, cfg, data, device)
             log("codes", 0, utterances=len(codes), seconds=round(time.time() - t0, 1))
-            gpt, decoder, table = train_gpt(cfg, data, codes, args, device, log, spk_id, dec, resumed)
+            gpt_stage = stage_config(GPTStage, args, "gpt_")
+            gpt, decoder, table = train_gpt(cfg, data, codes, gpt_stage, device, log, spk_id, dec, resumed)
             if args.probe:
                 probe(cfg, gpt, data, codes, table, spk_id, device, log)
     if child is not None:
         child.wait()
     log("done", 0, seconds=round(time.time() - t0, 1))
     if args.export:
-        args.resume = args.out
-        export(args)
+        export(stage_config(ExportConfig, argparse.Namespace(**{**vars(args), "resume": args.out})))
 
 
 if __name__ == "__main__":

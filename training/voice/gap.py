@@ -1,7 +1,7 @@
 """Where a voice loses the words and the quality, stage by stage, on utterances of a codes+PCM corpus pack whose
 real audio is known:
 
-    python -m toolkit.voice.gap --corpus runs/corpus_dec [--model toolkit/assets/voice] [--n 40] [--lang en|zh]
+    python -m training.voice.gap --corpus runs/corpus_dec [--model toolkit/assets/voice] [--n 40] [--lang en|zh]
         [--synth-defaults] [--no-asr] [--asr-model DIR] [--wer-only] [--device cuda] [--save-audio DIR]
         [--audio DIR] [--json FILE]
 
@@ -68,7 +68,8 @@ def stage_audio(
     SamplingParams other than ChatTTS's defaults (--temperature, ...)."""
     import torch
 
-    from ..params import SamplingParams
+    from toolkit.params import SamplingParams
+
     from .measure import copy_synthesis
 
     model = syn.model
@@ -184,9 +185,9 @@ def main(argv=None) -> dict:
     import torch
 
     from evaluation.metrics import bootstrap_ci
+    from toolkit.models.vocos import LogMel
+    from toolkit.synthesizer import Synthesizer
 
-    from ..models.vocos import LogMel
-    from ..synthesizer import Synthesizer
     from .corpus import load_pack
     from .measure import (
         MCD_SETTINGS,
@@ -203,7 +204,7 @@ def main(argv=None) -> dict:
     data = Data(load_pack(a.corpus / "pack"), torch.device("cpu"))
     if data.codes is None or len(data.wav_utt) == 0:
         raise SystemExit(
-            f"{a.corpus}/pack needs codes and PCM: build it with python -m toolkit.voice.corpus "
+            f"{a.corpus}/pack needs codes and PCM: build it with python -m training.voice.corpus "
             "--codes-from VOICE --vocoder-seconds N"
         )
     train_items = [
@@ -332,7 +333,7 @@ def main(argv=None) -> dict:
             }
             for i, it in enumerate(items)
         ]
-    report(res, a)
+    report(res, a.json)
     if transcriber is not None:
         print(wer_table(res))
     return res
