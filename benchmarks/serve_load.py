@@ -223,7 +223,10 @@ def markdown(report: dict) -> str:
     ]
     for name in ("baseline", "load"):
         p = report[name]
-        f = lambda x: "-" if x is None else f"{x:.3f}"
+
+        def f(x):
+            return "-" if x is None else f"{x:.3f}"
+
         lines.append(
             f"| {name} | {p['clients']} | {p['ok']}/{p['requests']} | {p['errors'] or 0} | "
             f"{f(p['ttfa_p50_s'])} s | {f(p['ttfa_p95_s'])} s | {f(p['rtf_p50'])} | {f(p['rtf_p95'])} | "

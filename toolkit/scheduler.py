@@ -54,7 +54,8 @@ class Closed(RuntimeError):
 @dataclass
 class Job:
     """One request: its sentences (text, seed), speaker, and what happened to it. on_event(job, kind, data) is called
-    from the scheduler's thread: ("audio", float32 samples), then one ("end", "done" | "cancelled") or ("error", exc)."""
+    from the scheduler's thread: ("audio", float32 samples), then one ("end", "done" | "cancelled") or
+    ("error", exc)."""
 
     id: int
     sentences: list[tuple[str, int]]
