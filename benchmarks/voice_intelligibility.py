@@ -70,7 +70,7 @@ def main(argv=None) -> int:
     if not a.no_espeak:
         from asr_validation import SR, espeak
 
-        from toolkit.voice.corpus import SPEAKERS
+        from training.voice.corpus import SPEAKERS
 
         variants = {"espeak-ng": ""}
         if SPEAKERS.get(a.speaker):

@@ -25,6 +25,7 @@ LAYERS = [
         "toolkit.textsets",
         "toolkit.sampling",
         "toolkit.speakers",
+        "toolkit.refine",
         "toolkit.runtime",
     ],
     ["toolkit.models"],
