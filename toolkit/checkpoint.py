@@ -412,7 +412,7 @@ VOICE_ENCODER = "dvae_encoder.safetensors"  # the voice lab's encoder, beside it
 def load_dvae_encoder(root: str | Path, cfg: ModelConfig):
     """The DVAE encoder of a model folder: ChatTTS's from asset/DVAE (its encoder keys), or a voice-lab model's
     dvae_encoder.safetensors. -> a module mapping a 24 kHz waveform (B, N) to codes (B, Q, T)."""
-    from .models.dvae_encoder import DVAEEncoder, GFSQEncoder, VoiceCodes
+    from .models.dvae_encoder import DVAEEncoder, VoiceCodes
 
     root = Path(root)
     voice_file = root if root.suffix == ".safetensors" else root / VOICE_ENCODER
@@ -452,5 +452,4 @@ def load_dvae_encoder(root: str | Path, cfg: ModelConfig):
     fb = dvae.get("preprocessor_mel.mel_spec.mel_scale.fb")
     if fb is not None and fb.shape == enc.logmel.fb.shape:
         enc.logmel.fb.copy_(fb)  # torchaudio's float32 filterbank, to the last bit
-    assert isinstance(enc.gfsq, GFSQEncoder)
     return enc.eval().requires_grad_(False)

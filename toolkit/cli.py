@@ -147,6 +147,7 @@ def cmd_speaker_sample(a) -> int:
 def cmd_speaker_from_audio(a) -> int:
     from .checkpoint import load_dvae_encoder
     from .fileio import OutputExistsError
+    from .prompt import reads_audio_prompts
     from .sample_speaker import FitSettings, read_sample, speaker_from_audio
     from .speakers import SampleSpeaker, encode_vector
     from .synthesizer import DEFAULT_MODEL, load_model, resolve_device
@@ -158,6 +159,8 @@ def cmd_speaker_from_audio(a) -> int:
     model = load_model(root).to(device)
     wav = read_sample(a.wav, model.sample_rate)
     encoder = load_dvae_encoder(Path(a.encoder) if a.encoder else root, model.cfg).to(device)
+    if not reads_audio_prompts(model):
+        print(f"fitting a speaker vector to the sample ({a.steps} steps)...", file=sys.stderr, flush=True)
     spk = speaker_from_audio(model, encoder, wav, a.text, FitSettings(steps=a.steps))
     if isinstance(spk, SampleSpeaker):
         line = spk.to_string()

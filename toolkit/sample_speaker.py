@@ -27,7 +27,6 @@ MIN_SECONDS, MAX_SECONDS = 0.5, 30.0
 class FitSettings:
     steps: int = 30
     lr: float = 0.1
-    seed: int = 0
 
 
 def read_sample(path: str | Path, sample_rate: int) -> np.ndarray:
@@ -97,12 +96,14 @@ def speaker_from_audio(
 def fit_vector(model: TTSModel, codes: np.ndarray, text: str, settings: FitSettings) -> np.ndarray:
     """The speaker vector that maximises the teacher-forced likelihood of `codes` (Q, T), then EOS, after the prompt
     for `text`. Starts from the model's voices' mean direction (or spk_stat's mean), optimised with Adam."""
+    if getattr(model, "precision", "fp32") != "fp32":
+        raise SpeakerError(f"fit a speaker on the fp32 model, not a {model.precision} artifact: the speaker string it "
+                           "gives works at every precision")
     forced = TeacherForced(model, codes, text)
     if model.voices:
         start = torch.stack([torch.nn.functional.normalize(v.float(), dim=0) for v in model.voices.values()]).mean(0)
     else:
         start = model.spk_stat[1].float()
-    torch.manual_seed(settings.seed)
     u = torch.nn.Parameter(torch.nn.functional.normalize(start, dim=0).to(forced.emb.device))
     opt = torch.optim.Adam([u], lr=settings.lr)
     with torch.enable_grad():
