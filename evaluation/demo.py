@@ -79,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
     from toolkit.synthesizer import load_model
     from toolkit.textsets import load_text_set
 
-    records = load_text_set(a.calib)[: a.calib_limit]
+    records = load_text_set(a.calib, limit=a.calib_limit, purpose="calibration")
     fp32 = load_model(a.model)
     calib = collect(fp32, [r.text for r in records], [r.speaker for r in records], max_steps=48)
     ref = stage_outputs(fp32, calib)

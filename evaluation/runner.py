@@ -463,7 +463,7 @@ def run_evaluation(
         raise ValueError("give at least two seeds: the second measures FP32's own seed-to-seed noise floor")
     if cfg.batch_size < 1:
         raise ValueError("batch_size must be >= 1")
-    records = load_text_set(cfg.text_set)[: cfg.limit]
+    records = load_text_set(cfg.text_set, limit=cfg.limit, purpose="evaluation")
     by_id = {r.id: r for r in records}
     order = [r.id for r in records]
     params = SamplingParams(max_new_tokens=cfg.max_steps)

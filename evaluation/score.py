@@ -36,7 +36,7 @@ def score_folder(
     folder = Path(wavs)
     if not folder.is_dir():
         raise FileNotFoundError(f"--wavs {folder}: no such folder")
-    records = load_text_set(text_set)
+    records = load_text_set(text_set, purpose="scoring")
     found = {r.id: find_wavs(folder, r.id) for r in records}
     missing = [rid for rid, paths in found.items() if not paths]
     if len(missing) == len(records):

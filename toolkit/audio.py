@@ -1,43 +1,44 @@
-"""WAV output: finite audio only, written atomically, never over an existing file unless asked."""
+"""WAV output: finite audio only, written atomically (the torch-free runtime's too), never over an existing file
+unless asked, never through a link or onto a device; long audio streams to the file piece by piece."""
 
 from __future__ import annotations
 
-import io
-import os
+import contextlib
 from pathlib import Path
+from typing import Callable, Iterator
 
 import numpy as np
 
-from .fileio import OutputExistsError, atomic_write_bytes
+from .fileio import atomic_file, check_output_file
 
 
 def check_wav_path(path: str | Path, *, force: bool = False) -> Path:
     """The checks write_wav makes of its path, for callers that would otherwise find out only after synthesizing."""
-    path = Path(path)
-    if path.is_dir():
-        raise IsADirectoryError(f"{path} is a folder; give a file name, e.g. {path / 'out.wav'}")
-    if path.exists() and not force:
-        raise OutputExistsError(f"{path} already exists; pass --force to overwrite it, or choose another path")
-    if not path.parent.is_dir():
-        raise FileNotFoundError(f"folder {path.parent} does not exist; create it or choose another path")
-    if not os.access(path.parent, os.W_OK):
-        raise PermissionError(f"cannot write in {path.parent}: permission denied; choose a writable path")
-    return path
+    return check_output_file(path, force=force)
 
 
-def write_wav(path: str | Path, wav: np.ndarray, sample_rate: int, *, force: bool = False) -> Path:
-    import soundfile as sf
-
-    path = check_wav_path(path, force=force)
+def _checked(wav: np.ndarray) -> np.ndarray:
     wav = np.asarray(wav, dtype=np.float32)
     if wav.ndim != 1:
         raise ValueError(f"expected mono audio (N,), got shape {wav.shape}")
     if not np.isfinite(wav).all():
         raise ValueError("refusing to write NaN/inf audio")
-    buf = io.BytesIO()
-    sf.write(buf, np.clip(wav, -1.0, 1.0), sample_rate, format="WAV", subtype="PCM_16")
-    try:
-        atomic_write_bytes(path, buf.getvalue())
-    except PermissionError as e:
-        raise PermissionError(f"cannot write {path}: permission denied; choose a writable path") from e
-    return path
+    return np.clip(wav, -1.0, 1.0)
+
+
+@contextlib.contextmanager
+def wav_writer(path: str | Path, sample_rate: int, *, force: bool = False) -> Iterator[Callable[[np.ndarray], None]]:
+    """Yields write(wav) that appends mono float audio as 16-bit PCM; the file appears at `path` only once the block
+    ends without an error (a failure leaves whatever was there untouched)."""
+    import soundfile as sf
+
+    with atomic_file(path, force=force) as tmp:
+        with sf.SoundFile(str(tmp), "w", samplerate=sample_rate, channels=1, format="WAV", subtype="PCM_16") as f:
+            yield lambda wav: f.write(_checked(wav))
+
+
+def write_wav(path: str | Path, wav: np.ndarray, sample_rate: int, *, force: bool = False) -> Path:
+    wav = _checked(wav)  # before a temporary file exists
+    with wav_writer(path, sample_rate, force=force) as write:
+        write(wav)
+    return Path(path)

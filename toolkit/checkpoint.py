@@ -14,7 +14,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from .fileio import atomic_dir
+from .fileio import atomic_dir, member
 from .models import ModelConfig, Tokenizer, TTSModel
 from .models.config import ConvStackConfig, GFSQConfig, GPTConfig, VocosConfig
 
@@ -145,6 +145,51 @@ def _vocos_keys(state: dict) -> dict[str, Tensor]:
     return mapped
 
 
+def _most_common(shapes: list[tuple]) -> tuple | None:
+    return max(set(shapes), key=shapes.count) if shapes else None
+
+
+def check_official_shapes(
+    hf: dict, gpt: dict[str, Tensor], embed: dict[str, Tensor], n_layers: int, gpt_file: Path, embed_file: Path
+) -> None:
+    """Every block and embedding tensor against the shape the config implies, each mismatch named by key, before
+    anything is concatenated ("Sizes of tensors must match" named nothing). The widths come from config.json where
+    it gives them, else from what most tensors agree on, so a wrong block 0 is blamed on block 0."""
+    D = hf.get("hidden_size") or (embed["emb_text.weight"].shape[1] if "emb_text.weight" in embed else None)
+    ffn = [
+        tuple(gpt[f"layers.{i}.mlp.gate_proj.weight"].shape)
+        for i in range(n_layers)
+        if f"layers.{i}.mlp.gate_proj.weight" in gpt
+    ]
+    I = hf.get("intermediate_size") or (_most_common(ffn) or (None,))[0]
+    codes = [tuple(v.shape) for k, v in embed.items() if re.fullmatch(r"emb_code\.\d+\.weight", k)]
+    V = (_most_common(codes) or (None,))[0]
+    want: dict[str, tuple[Path, tuple]] = {}
+    for i in range(n_layers):
+        p = f"layers.{i}."
+        want.update({f"{p}self_attn.{x}_proj.weight": (gpt_file, (D, D)) for x in "qkvo"})
+        want.update({f"{p}mlp.{x}_proj.weight": (gpt_file, (I, D)) for x in ("gate", "up")})
+        want[f"{p}mlp.down_proj.weight"] = (gpt_file, (D, I))
+        want.update({f"{p}{x}_layernorm.weight": (gpt_file, (D,)) for x in ("input", "post_attention")})
+    want["norm.weight"] = (gpt_file, (D,))
+    want.update({k: (embed_file, (V, D)) for k in embed if re.fullmatch(r"emb_code\.\d+\.weight", k)})
+    if "emb_text.weight" in embed:
+        want["emb_text.weight"] = (embed_file, (embed["emb_text.weight"].shape[0], D))
+    wrong = []
+    for key, (file, shape) in want.items():
+        have = (gpt if file == gpt_file else embed).get(key)
+        if have is not None and tuple(have.shape) != shape:
+            wrong.append(f"  {file.name}: {key} has shape {tuple(have.shape)}, expected {shape}")
+    if wrong:
+        raise CheckpointError(
+            f"{gpt_file.parent.parent}: {len(wrong)} tensor(s) do not fit the model (hidden {D}, "
+            f"ffn {I}, {V} codes per codebook):\n"
+            + "\n".join(wrong[:12])
+            + ("\n  ..." if len(wrong) > 12 else "")
+            + "\n  The files are damaged or mixed from different models; re-download them"
+        )
+
+
 def load_official(root: Path) -> TTSModel:
     asset = root / "asset" if (root / "asset").is_dir() else root
     cfg_path = asset / "gpt" / "config.json"
@@ -160,7 +205,8 @@ def load_official(root: Path) -> TTSModel:
 
     gpt_file = asset / "gpt" / "model.safetensors"
     gpt_state = read_tensors(gpt_file if gpt_file.is_file() else _official_file(asset / "gpt", "model"))
-    embed = read_tensors(_official_file(asset, "Embed"))
+    embed_file = _official_file(asset, "Embed")
+    embed = read_tensors(embed_file)
     decoder = read_tensors(_official_file(asset, "Decoder"))
     vocos = read_tensors(_official_file(asset, "Vocos"))
     dvae_path = next((asset / f"DVAE{e}" for e in (".safetensors", ".pt") if (asset / f"DVAE{e}").is_file()), None)
@@ -168,6 +214,7 @@ def load_official(root: Path) -> TTSModel:
 
     state: dict[str, Tensor] = {}
     n_layers = hf.get("num_hidden_layers", 20)
+    check_official_shapes(hf, gpt_state, embed, n_layers, gpt_file, embed_file)
     for i in range(n_layers):
         p = f"layers.{i}."
         try:
@@ -270,14 +317,33 @@ def load_official(root: Path) -> TTSModel:
 
 
 # --- ttsq format -------------------------------------------------------------------------------
+# (key, allowed types, in words) of the manifest fields read before the config
+MANIFEST_TYPES = (
+    ("format_version", int, "an integer"),
+    ("precision", str, "a string"),
+    ("frontend", (str, type(None)), "a string or null"),
+    ("default_voice", (str, type(None)), "a string or null"),
+    ("config", dict, "an object"),
+    ("files", dict, "an object"),
+    ("recipe", dict, "an object"),
+    ("device_kind", str, "a string"),
+    ("dtype", str, "a string"),
+)
+
+
 def read_manifest(root: Path) -> dict:
     path = root / "manifest.json"
     try:
         manifest = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, json.JSONDecodeError, UnicodeDecodeError) as e:
         raise CheckpointError(f"cannot read {path}: {e}. Re-create the model folder (ttsq quantize / save)") from e
-    if manifest.get("format") != FORMAT:
-        raise CheckpointError(f"{path} is not a ttsq manifest (format={manifest.get('format')!r})")
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+        raise CheckpointError(
+            f"{path} is not a ttsq manifest (format={manifest.get('format') if isinstance(manifest, dict) else None!r})"
+        )
+    for key, kinds, what in MANIFEST_TYPES:
+        if key in manifest and not isinstance(manifest[key], kinds) or isinstance(manifest.get(key), bool):
+            raise CheckpointError(f"{path}: {key!r} must be {what}, got {manifest[key]!r}; re-create the model folder")
     if manifest.get("format_version", 0) > FORMAT_VERSION:
         raise CheckpointError(f"{path} was written by a newer ttsq (format {manifest['format_version']}); upgrade ttsq")
     return manifest
@@ -285,10 +351,15 @@ def read_manifest(root: Path) -> dict:
 
 def verify_files(root: Path, manifest: dict) -> None:
     """Missing files fail; a changed hash only warns, since the files are the user's."""
-    for name, meta in manifest.get("files", {}).items():
-        f = root / name
+    files = manifest.get("files", {})
+    if not isinstance(files, dict) or not all(isinstance(m, dict) for m in files.values()):
+        raise CheckpointError(f"{root / 'manifest.json'}: files must map names to objects; re-create the folder")
+    for name, meta in files.items():
+        f = file_of(root, name)
         if not f.is_file():
             raise CheckpointError(f"{f} is listed in the manifest but missing")
+        if type(meta.get("bytes", 0)) is not int or not isinstance(meta.get("sha256", ""), str):
+            raise CheckpointError(f"{root / 'manifest.json'}: {name!r} needs an integer bytes and a string sha256")
         if f.stat().st_size != meta.get("bytes", f.stat().st_size):
             raise CheckpointError(
                 f"{f} has {f.stat().st_size} bytes but the manifest says {meta['bytes']}: "
@@ -299,6 +370,22 @@ def verify_files(root: Path, manifest: dict) -> None:
                 f"{f} differs from the sha256 in its manifest: it was modified or corrupted after it was written",
                 stacklevel=3,
             )
+
+
+def file_of(root: Path, name) -> Path:
+    """A file of a ttsq folder, confined to it (fileio.member), with the loader's error type."""
+    try:
+        return member(root, name)
+    except ValueError as e:
+        raise CheckpointError(str(e)) from None
+
+
+def model_config(root: Path, manifest: dict) -> ModelConfig:
+    """The manifest's config, its types checked: an edited manifest gets an error naming the field."""
+    try:
+        return ModelConfig.from_dict(manifest["config"])
+    except (KeyError, TypeError, ValueError) as e:
+        raise CheckpointError(f"{root / 'manifest.json'} has a bad config: {e}. Re-create the model folder") from e
 
 
 def split_state(model: TTSModel) -> dict[str, Tensor]:
@@ -324,13 +411,10 @@ def default_voice_first(voices: dict[str, Tensor], default: str | None, named_in
 
 def load_ttsq(root: Path, manifest: dict | None = None) -> TTSModel:
     manifest = manifest or read_manifest(root)
+    cfg = model_config(root, manifest)
     verify_files(root, manifest)
-    try:
-        cfg = ModelConfig.from_dict(manifest["config"])
-    except (KeyError, TypeError, ValueError) as e:
-        raise CheckpointError(f"{root / 'manifest.json'} has a bad config: {e}") from e
-    model = TTSModel(cfg, Tokenizer(root / "tokenizer.json"))
-    state = read_tensors(root / "model.safetensors")
+    model = TTSModel(cfg, Tokenizer(file_of(root, "tokenizer.json")))
+    state = read_tensors(file_of(root, "model.safetensors"))
     voices = {k[len("voice.") :]: state.pop(k) for k in list(state) if k.startswith("voice.")}
     load_strict(model, {k: v.float() if v.is_floating_point() else v for k, v in state.items()}, f"ttsq model {root}")
     model.voices = default_voice_first(voices, manifest.get("default_voice"), str(root / "manifest.json"))

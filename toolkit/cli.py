@@ -24,40 +24,17 @@ def add_kernels_option(s) -> None:
     )
 
 
-def cmd_synth(a) -> int:
-    from .audio import check_wav_path
-    from .speakers import with_transcript
+def read_text(arg: str) -> str:
+    """The text argument, or standard input for "-": read as UTF-8 (undecodable bytes become U+FFFD, which the text
+    check counts), at most MAX_TEXT_CHARS characters' worth, so a huge or endless input fails fast."""
+    from .text import MAX_TEXT_CHARS, check_length
 
-    text = sys.stdin.read() if a.text == "-" else a.text
-    out = check_wav_path(a.output, force=a.force)  # before the model loads and the text is spoken
-    if a.model and (Path(a.model) / "onnx_manifest.json").is_file():
-        return _synth_onnx(a, text, out)  # a `ttsq export` folder: the torch-free runtime
-    from . import SamplingParams, Synthesizer
-    from .audio import write_wav
-
-    speaker = with_transcript(a.speaker, a.speaker_text)  # a bad speaker fails before the model loads
-    synth = Synthesizer(a.model, a.device, a.precision, compile=a.compile, kernels=KERNELS[a.kernels])
-    params = SamplingParams(temperature=a.temperature, top_p=a.top_p, top_k=a.top_k, max_new_tokens=a.max_steps)
-    utt = synth.synthesize(
-        text,
-        speaker=speaker,
-        seed=a.seed,
-        params=params,
-        batch_size=a.batch_size,
-        control_tokens=a.control_tokens,
-        progress=progress_bar("sentences"),
-        **_refine_args(a),
-    )[0]
-    write_wav(out, utt.wav, utt.sample_rate, force=a.force)
-    t = utt.timings
-    if a.refine:
-        print(f"refined: {utt.text}")
-    print(
-        f"wrote {out}: {utt.duration:.2f} s at {utt.sample_rate} Hz, {utt.steps} steps, "
-        f"{t['total']:.2f} s to synthesize (RTF {t['total'] / max(utt.duration, 1e-9):.3f})"
-        + (" [hit max steps]" if utt.hit_limit else "")
-    )
-    return 0
+    if arg != "-":
+        return arg
+    data = sys.stdin.buffer.read(4 * MAX_TEXT_CHARS + 1)  # UTF-8 takes at most 4 bytes a character
+    text = data.decode("utf-8", errors="replace")
+    check_length(text, what="standard input")
+    return text
 
 
 def _refine_args(a) -> dict:
@@ -90,33 +67,50 @@ def cmd_refine(a) -> int:
     return 0
 
 
-def _synth_onnx(a, text: str, out: Path) -> int:
-    from .runtime import EdgeSynthesizer, SamplingParams, write_wav
+def cmd_synth(a) -> int:
+    from .audio import check_wav_path, wav_writer
+    from .plan import synthesize_to
     from .speakers import with_transcript
+    from .text import normalize
 
-    if a.precision is not None:
-        raise ValueError(f"{a.model} is an exported ONNX folder at a fixed precision; drop --precision")
-    synth = EdgeSynthesizer(a.model, device=a.device)
-    if synth.provider_note:
-        print(synth.provider_note, file=sys.stderr)
-    params = SamplingParams(temperature=a.temperature, top_p=a.top_p, top_k=a.top_k, max_new_tokens=a.max_steps)
-    utt = synth.synthesize(
-        text,
-        speaker=with_transcript(a.speaker, a.speaker_text),
-        seed=a.seed,
-        params=params,
-        batch_size=a.batch_size,
-        control_tokens=a.control_tokens,
-        **_refine_args(a),
-    )[0]
-    write_wav(out, utt.wav, utt.sample_rate)
-    t = utt.timings
-    if a.refine:
-        print(f"refined: {utt.text}")
+    text = read_text(a.text)
+    normalize(text, a.control_tokens)  # a binary or empty input is refused before the model loads
+    out = check_wav_path(a.output, force=a.force)  # before the model loads and the text is spoken
+    speaker = with_transcript(a.speaker, a.speaker_text)  # a bad speaker fails before the model loads
+    params = dict(temperature=a.temperature, top_p=a.top_p, top_k=a.top_k, max_new_tokens=a.max_steps)
+    if a.model and (Path(a.model) / "onnx_manifest.json").is_file():  # a `ttsq export` folder: torch-free runtime
+        from .runtime import EdgeSynthesizer, SamplingParams
+
+        if a.precision is not None:
+            raise ValueError(f"{a.model} is an exported ONNX folder at a fixed precision; drop --precision")
+        synth = EdgeSynthesizer(a.model, device=a.device)
+        if synth.provider_note:
+            print(synth.provider_note, file=sys.stderr)
+        note = f", ONNX {synth.precision}"
+    else:
+        from . import SamplingParams, Synthesizer
+
+        synth = Synthesizer(a.model, a.device, a.precision, compile=a.compile, kernels=KERNELS[a.kernels])
+        note = ""
+    with wav_writer(out, synth.sample_rate, force=a.force) as write:  # the audio streams to the file
+        r = synthesize_to(
+            synth,
+            text,
+            write,
+            speaker=speaker,
+            seed=a.seed,
+            params=SamplingParams(**params),
+            batch_size=a.batch_size,
+            control_tokens=a.control_tokens,
+            progress=progress_bar("characters"),
+            **_refine_args(a),
+        )
+    duration = r.samples / synth.sample_rate
+    total = r.timings.get("total", 0.0)
     print(
-        f"wrote {out}: {utt.duration:.2f} s at {utt.sample_rate} Hz, {utt.steps} steps, "
-        f"{t['total']:.2f} s to synthesize (RTF {t['total'] / max(utt.duration, 1e-9):.3f}, ONNX {synth.precision})"
-        + (" [hit max steps]" if utt.hit_limit else "")
+        f"wrote {out}: {duration:.2f} s at {synth.sample_rate} Hz, {r.steps} steps, "
+        f"{total:.2f} s to synthesize (RTF {total / max(duration, 1e-9):.3f}{note})"
+        + (" [hit max steps]" if r.hit_limit else "")
     )
     return 0
 
@@ -220,7 +214,7 @@ def cmd_info(a) -> int:
     layout = checkpoint.detect_layout(root)
     model = load_model(root)
     manifest = checkpoint.read_manifest(root) if layout == "ttsq" else {}
-    size = sum(f.stat().st_size for f in root.rglob("*") if f.is_file())
+    size = sum(f.lstat().st_size for f in root.rglob("*") if f.is_file() and not f.is_symlink())
     counts = model.parameter_counts()
     info = {
         "path": str(root),
@@ -584,7 +578,7 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("ttsq: interrupted", file=sys.stderr)
         return 130
-    except (ValueError, OSError, RuntimeError, ImportError) as e:
+    except (ValueError, OSError, RuntimeError, ImportError, ArithmeticError) as e:
         if args.debug:
             raise
         print(f"ttsq: error: {e}", file=sys.stderr)

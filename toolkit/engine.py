@@ -54,6 +54,10 @@ LEAD_STEPS = 2
 KERNELS_MAX_BATCH = 2  # the Triton step reads the weights once per row: from batch 4 cuBLAS's GEMMs win
 
 
+class NumericalError(RuntimeError):
+    """NaN/inf where a model must produce numbers (corrupt weights, or a half-precision overflow)."""
+
+
 class CaptureError(RuntimeError):
     """A CUDA graph capture that a kernel refused (the message says which)."""
 
@@ -436,6 +440,7 @@ class Engine:
         until this token id; None: audio codes."""
         queue: deque[Chunk] = deque()
         launched = self._launch(emb, valid, params, seed, first_yield, reserve, text_eos)
+        checks: deque[tuple[Chunk, Tensor, object]] = deque()
         for chunk in itertools.chain(launched, [None]):
             if chunk is not None:
                 queue.append(chunk)
@@ -443,9 +448,42 @@ class Engine:
                 out = queue.popleft()
                 if out.ready is not None:
                     out.ready.synchronize()  # its flags have reached the host; later chunks may still run
+                checks.append(self._logits_check(out))
+                self._read_checks(checks, wait=out.ready is None)
                 yield out
                 if bool(out.finished.all()) or (should_stop is not None and should_stop()):
+                    self._read_checks(checks, wait=True)
                     return
+        self._read_checks(checks, wait=True)
+
+    def _logits_check(self, out: Chunk) -> tuple[Chunk, Tensor, object]:
+        """Queues whether the chunk's code logits are finite at every row's steps up to its EOS: NaN logits never
+        sample EOS, so a model with a NaN head would run to max_new_tokens and speak garbage. A host copy and an
+        event, no sync: on CUDA the answer is read at the next chunk, when it is there anyway."""
+        h = out.hidden
+        dev = h.device
+        upto = out.lengths.to(dev, non_blocking=True) - out.start  # a row's steps up to and with its EOS
+        keep = torch.arange(h.shape[1], device=dev)[None] <= upto[:, None]
+        ok = (torch.isfinite(self.gpt.code_logits(h)).flatten(2).all(-1) | ~keep).all()
+        if dev.type != "cuda":
+            return out, ok, None
+        host = torch.empty((), dtype=torch.bool, pin_memory=True).copy_(ok, non_blocking=True)
+        done = torch.cuda.Event()
+        done.record(torch.cuda.current_stream(dev))
+        return out, host, done
+
+    def _read_checks(self, checks: deque, wait: bool) -> None:
+        while checks and (wait or checks[0][2] is None or checks[0][2].query()):
+            out, ok, done = checks.popleft()
+            if done is not None:
+                done.synchronize()
+            if not bool(ok):
+                raise NumericalError(
+                    f"the GPT's code logits are NaN/inf (steps {out.start}-"
+                    f"{out.start + out.hidden.shape[1] - 1}): its audio would be noise that never "
+                    f"ends. The head_code weights or the last layers hold non-finite values, or "
+                    f"overflowed in {str(self.gpt.norm.weight.dtype).removeprefix('torch.')}"
+                )
 
     def _launch(
         self,

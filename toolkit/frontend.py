@@ -16,6 +16,7 @@ import ctypes.util
 import re
 import threading
 import unicodedata
+import warnings
 
 INSTALL_HINT = (
     "espeak-ng is not installed; this model reads phonemes from espeak-ng. "
@@ -110,6 +111,17 @@ def _lang_of(ch: str) -> str | None:
     return None
 
 
+def foreign_scripts(text: str) -> list[str]:
+    """The scripts of letters in `text` that are neither Latin nor Han (Japanese kana, Hangul, Arabic, ...)."""
+    return sorted(
+        {
+            unicodedata.name(c, "UNNAMED").split()[0]
+            for c in text
+            if unicodedata.category(c).startswith("L") and _lang_of(c) is None
+        }
+    )
+
+
 def split_runs(text: str) -> list[tuple[str, str]]:
     """text without control tokens/punctuation -> [(lang, run)]: Han runs are Mandarin, Latin runs English,
     neutral characters (digits, spaces, symbols) join the run before them (or after, at the start)."""
@@ -173,6 +185,14 @@ class EspeakFrontend:
 
     def __call__(self, text: str) -> str:
         """text (may hold control tokens, Han and Latin) -> space-separated phoneme words and punctuation."""
+        scripts = foreign_scripts(text)
+        if scripts:  # espeak-ng would spell them out as English letter names, or skip them
+            warnings.warn(
+                f"the text holds {', '.join(s.title() for s in scripts)} letters, outside this model's "
+                "languages (English and Mandarin): they are not spoken as written. Transliterate them",
+                UserWarning,
+                stacklevel=2,
+            )
         out: list[str] = []
         pos = 0
         for m in CONTROL.finditer(text):

@@ -4,8 +4,8 @@ runtime share this plan, so both split, batch, seed and reassemble alike."""
 from __future__ import annotations
 
 import warnings
-from dataclasses import dataclass
-from typing import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Callable, Iterator, Sequence
 
 from .text import TextError, sentence_pieces
 
@@ -54,3 +54,64 @@ def render_stream(chunks, renderer) -> Iterator:
     tail = renderer.finish()
     if tail.size:
         yield tail
+
+
+@dataclass
+class Written:
+    """What synthesize_to wrote: the whole text's totals, its audio already in the file."""
+
+    samples: int = 0
+    steps: int = 0
+    hit_limit: bool = False
+    timings: dict[str, float] = field(default_factory=dict)
+
+
+def synthesize_to(
+    synth,
+    text: str,
+    write: Callable,
+    *,
+    seed: int = 0,
+    batch_size: int = 8,
+    max_chars: int = 120,
+    control_tokens: bool = False,
+    progress: Callable[[int, int], None] | None = None,
+    **kwargs,
+) -> Written:
+    """One text through `synth` (the torch Synthesizer or the edge runtime's), batch_size consecutive sentences at a
+    time, each group's audio handed to write(wav) in order: a long text never holds all its audio in memory, and
+    progress(characters done, characters in all) follows the text, so its ETA holds. A text of at most batch_size
+    sentences is one group seeded `seed`: the same audio as synth.synthesize(text, seed=seed)."""
+    sentences = [p for _, p in sentence_pieces([text], max_chars, control_tokens)]
+    total, done = sum(map(len, sentences)), 0
+    out = Written()
+    for g in range(0, len(sentences), batch_size):
+        group = sentences[g : g + batch_size]
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            utts = synth.synthesize(
+                group,
+                seed=seed + g,
+                batch_size=batch_size,
+                max_chars=max_chars,
+                control_tokens=control_tokens,
+                **kwargs,
+            )
+        for w in caught:  # "text i" of a group is sentence g + i of this text
+            if "max_new_tokens" not in str(w.message):
+                warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+        for i, u in enumerate(utts):
+            write(u.wav)
+            out.samples += len(u.wav)
+            out.steps += u.steps
+            if u.hit_limit:
+                warnings.warn(
+                    f"sentence {g + i + 1} reached max_new_tokens without EOS; its audio may be cut", stacklevel=2
+                )
+            out.hit_limit |= u.hit_limit
+        for k, v in utts[0].timings.items():
+            out.timings[k] = out.timings.get(k, 0.0) + v
+        done += sum(map(len, group))
+        if progress:
+            progress(done, total)
+    return out

@@ -13,7 +13,7 @@ from .models import TTSModel
 from .models.speaker import apply_speaker, chattts_speaker, random_speaker
 from .refine import refine_prompt
 from .speakers import ChatTTSSeed, SampleSpeaker, SpeakerError, check_vector, parse_speaker
-from .text import normalize, prompt_text
+from .text import check_prompt_length, normalize, prompt_text
 
 
 @dataclass
@@ -34,6 +34,8 @@ def encode_prompts(model: TTSModel, sentences: Sequence[str], speaker: Tensor | 
     from .frontend import frontend_for
 
     frontend = frontend_for(getattr(model, "frontend", None))  # identity unless the manifest names one
+    for s in (*sentences, voice.sample_text):
+        check_prompt_length(s, gpt.cfg.max_positions)
     sample_text = frontend(normalize(voice.sample_text)) if voice.sample_text.strip() else ""
     ids, valid = tok.encode(
         [

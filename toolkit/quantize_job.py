@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Callable
 
+from .fileio import check_output_dir
 from .precision import QuantReport, quantize
 from .precision.artifact import save_artifact
 from .precision.calibration import collect
@@ -57,12 +58,13 @@ def quantize_to_artifact(
     progress(stage, done, total) for each of plan_stages(...), in order."""
     dev = resolve_device(device)
     out = Path(out)
-    if out.exists() and not force:  # fail before the slow part
-        raise FileExistsError(f"{out} already exists; pass --force to replace it, or choose another --out")
+    check_output_dir(out, force=force)  # fail before the slow part
     model = load_model(model_path, "cpu").to(dev)
     calib, calib_meta = None, {}
     if calib_set is not None:
-        records = load_text_set(calib_set)[: limit if limit is not None else calibration_texts(device)]
+        records = load_text_set(
+            calib_set, limit=limit if limit is not None else calibration_texts(device), purpose="calibration"
+        )
         step = (lambda i, n: progress("calibrate", i, n)) if progress else None
         calib = collect(
             model, [r.text for r in records], [r.speaker for r in records], max_steps=max_steps, progress=step

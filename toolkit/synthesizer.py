@@ -15,7 +15,7 @@ import torch
 from torch import Tensor
 
 from . import checkpoint
-from .engine import Engine, sync_device
+from .engine import Engine, NumericalError, sync_device
 from .models import TTSModel
 from .plan import Plan
 from .prompt import Voice, encode_prompts, encode_refine_prompts, resolve_speaker, resolve_voice
@@ -41,10 +41,6 @@ def source_path(name: str | None) -> Path | None:
     if name == SHIPPED_VOICE:
         return DEFAULT_MODEL
     return Path(name) if Path(name).is_dir() else None
-
-
-class NumericalError(RuntimeError):
-    pass
 
 
 class OutOfMemory(RuntimeError):
@@ -193,11 +189,17 @@ class Synthesizer:
             ) from None
 
     def _generate(self, emb: Tensor, valid: Tensor, params: SamplingParams, seed: int, should_stop):
-        gen = self.engine.generate(emb, valid, params, seed=seed, should_stop=should_stop)
-        steps = torch.arange(gen.hidden.shape[1], device=self.device)[None] < gen.lengths[:, None]
-        if not torch.isfinite(gen.hidden[steps]).all():
-            gpt = self._fallback("gpt")
-            gen = Engine(gpt).generate(emb.float(), valid, params, seed=seed, should_stop=should_stop)
+        try:
+            gen = self.engine.generate(emb, valid, params, seed=seed, should_stop=should_stop)
+        except NumericalError as e:  # non-finite logits: in half precision an overflow, which fp32 may avoid
+            gen, why = None, e
+        else:
+            steps = torch.arange(gen.hidden.shape[1], device=self.device)[None] < gen.lengths[:, None]
+            why = None if torch.isfinite(gen.hidden[steps]).all() else "NaN/inf states"
+        if why is not None:
+            if next(self.model.gpt.parameters()).dtype not in (torch.float16, torch.bfloat16):
+                raise NumericalError(f"{why}; the checkpoint itself may be broken (re-create or re-download it)")
+            gen = Engine(self._fallback("gpt")).generate(emb.float(), valid, params, seed=seed, should_stop=should_stop)
         return gen
 
     @property

@@ -12,6 +12,12 @@ STRUCTURAL = re.compile(r"\[(?:Stts|Ptts|spk_emb|empty_spk|Sbreak|Pbreak)\]")
 SENTENCE_END = re.compile(r"(?<=[.!?;。！？；…])\s*|\n+")
 SOFT_BREAK = re.compile(r"(?<=[,，、:：])\s*|\s+")
 MAX_CHARS = 120  # about 10-15 s of speech: well inside the 2048-step limit
+# one text of a request, checked before anything else reads it whole: about 10 hours of speech. Longer texts are
+# refused (split them into several runs) instead of growing memory for minutes first
+MAX_TEXT_CHARS = 500_000
+PROMPT_CHARS_PER_POSITION = 4
+# text that is mostly control characters, unpaired surrogates (undecodable bytes) or U+FFFD is a binary file
+MAX_NON_TEXT_SHARE = 0.25
 
 
 class TextError(ValueError):
@@ -27,6 +33,8 @@ def normalize(text: str, control_tokens: bool = False) -> str:
     control_tokens; structural tokens ([Stts], [spk_emb], ...) always are."""
     if not isinstance(text, str):
         raise TextError(f"text must be a string, got {type(text).__name__}")
+    check_length(text)
+    check_is_text(text)
     text = unicodedata.normalize("NFKC", text)
     text = STRUCTURAL.sub(_as_text, text)
     if not control_tokens:
@@ -36,6 +44,31 @@ def normalize(text: str, control_tokens: bool = False) -> str:
     if not USER_CONTROL.sub("", text).strip(" \n"):
         raise TextError("text is empty (or holds only whitespace and control tokens); give some words to speak")
     return text
+
+
+def check_length(text: str, limit: int = MAX_TEXT_CHARS, what: str = "text") -> None:
+    if len(text) > limit:
+        raise TextError(
+            f"the {what} is {len(text):,} characters long; at most {limit:,} are read at once. Split it "
+            "into several shorter texts"
+        )
+
+
+def check_prompt_length(text: str, max_positions: int) -> None:
+    """Before the front end and tokenizer read a prompt whole: a token covers at most a few characters, so a prompt
+    far longer than the model's positions cannot fit them, and would only grow memory before failing."""
+    check_length(text, PROMPT_CHARS_PER_POSITION * max_positions, "prompt")
+
+
+def check_is_text(text: str) -> None:
+    """Refuses binary data (random bytes decode to control characters, surrogates and U+FFFD)."""
+    visible = [c for c in text if not c.isspace()]
+    bad = sum(c == "\ufffd" or unicodedata.category(c) in ("Cc", "Cs", "Co", "Cn") for c in visible)
+    if visible and bad / len(visible) > MAX_NON_TEXT_SHARE:
+        raise TextError(
+            f"this is not text: {bad / len(visible):.0%} of its characters are control characters or "
+            "bytes that are not UTF-8 (a binary file?). Give UTF-8 text"
+        )
 
 
 def split_sentences(text: str, max_chars: int = MAX_CHARS) -> list[str]:

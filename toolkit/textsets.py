@@ -54,6 +54,13 @@ SEED_RANGE = (-(2**63), 2**64 - 1)
 
 MAX_LISTED_ERRORS = 20
 
+MAX_TEXT_CHARS = 4096
+"""A record's text is one prompt (calibration feeds it whole): ~100x the longest bucket, far below what fills a
+GPT's positions."""
+
+MAX_LINE_BYTES = 64 * 1024
+"""Longer lines are refused unread: a 100 MB line must not be decoded, parsed and embedded first."""
+
 
 @dataclass(frozen=True, slots=True)
 class TextRecord:
@@ -156,6 +163,11 @@ def _check_record(obj: Any) -> list[str]:
         elif not value.strip():
             what = "text" if field == "text" else "value"
             msgs.append(f"field {field!r} is empty or whitespace only; give it a non-empty {what}")
+        elif field == "text" and len(value) > MAX_TEXT_CHARS:
+            msgs.append(
+                f"text is {len(value)} characters; a record holds at most {MAX_TEXT_CHARS} (one prompt): "
+                "split it into several records"
+            )
         elif field == "language" and value not in LANGUAGES:
             msgs.append(f"unknown language {value!r}; use one of {', '.join(LANGUAGES)}")
         elif field == "length" and value not in LENGTHS:
@@ -163,11 +175,29 @@ def _check_record(obj: Any) -> list[str]:
     return msgs
 
 
-def load_text_set(path: str | Path) -> list[TextRecord]:
-    """Read and validate a JSONL text set; raise :class:`TextSetError` listing every problem."""
+def _lines(f) -> Iterable[bytes | None]:
+    """The file's lines without their newline; None for a line over MAX_LINE_BYTES, which is skipped unread."""
+    while True:
+        raw = f.readline(MAX_LINE_BYTES + 1)
+        if not raw:
+            return
+        if len(raw) > MAX_LINE_BYTES and not raw.endswith(b"\n"):
+            while raw and not raw.endswith(b"\n"):
+                raw = f.readline(1 << 20)
+            yield None
+            continue
+        yield raw[:-1] if raw.endswith(b"\n") else raw
+
+
+def load_text_set(path: str | Path, *, limit: int | None = None, purpose: str | None = None) -> list[TextRecord]:
+    """Read and validate a JSONL text set; raise :class:`TextSetError` listing every problem.
+    limit: keep the first `limit` records. purpose ("calibration", "evaluation", ...): the records feed it, so
+    none at all (an empty file, --limit 0) is an error naming it."""
     path = Path(path)
+    if purpose and limit is not None and limit < 1:
+        raise TextSetError(path, [(0, f"--limit {limit} leaves no text for {purpose}; give --limit 1 or more")])
     try:
-        data = path.read_bytes()
+        f = path.open("rb")
     except FileNotFoundError:
         raise TextSetError(
             path, [(0, "file not found; check the path (text sets live in calibration_sets/)")]
@@ -177,11 +207,37 @@ def load_text_set(path: str | Path) -> list[TextRecord]:
             path, [(0, f"cannot read file ({exc.strerror or exc}); pass a readable JSONL file")]
         ) from None
 
+    with f:
+        records = _read_records(path, f)
+    if purpose and not records[:limit]:
+        raise TextSetError(
+            path,
+            [
+                (
+                    0,
+                    f"the file holds no records; {purpose} needs at least one text (one JSON "
+                    f"object per line with fields {', '.join(FIELDS)})",
+                )
+            ],
+        )
+    return records[:limit]
+
+
+def _read_records(path: Path, f) -> list[TextRecord]:
     problems: list[tuple[int, str]] = []
     records: list[TextRecord] = []
     first_line_of: dict[str, int] = {}
     offset = 0
-    for lineno, raw in enumerate(data.split(b"\n"), start=1):
+    for lineno, raw in enumerate(_lines(f), start=1):
+        if raw is None:
+            problems.append(
+                (
+                    lineno,
+                    f"line is longer than {MAX_LINE_BYTES // 1024} KiB; a record's text holds at "
+                    f"most {MAX_TEXT_CHARS} characters: split it into several records",
+                )
+            )
+            continue
         line_start, offset = offset, offset + len(raw) + 1
         if lineno == 1 and raw.startswith(b"\xef\xbb\xbf"):
             problems.append((1, "file starts with a UTF-8 byte-order mark; save it as UTF-8 without BOM"))
@@ -231,7 +287,8 @@ def load_text_set(path: str | Path) -> list[TextRecord]:
 def set_hash(path: str | Path) -> str:
     """sha256 (hex) of the file's bytes, for quantization manifests."""
     try:
-        return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+        with Path(path).open("rb") as f:
+            return hashlib.file_digest(f, "sha256").hexdigest()
     except OSError as exc:
         raise TextSetError(path, [(0, f"cannot read file ({exc.strerror or exc}); check the path")]) from None
 

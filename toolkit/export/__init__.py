@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import tempfile
 import time
 from pathlib import Path
 from typing import Callable
@@ -54,7 +53,7 @@ def _record_activations(model, model_dir, calib_set, limit: int, max_steps: int,
     from ..synthesizer import Synthesizer
     from ..textsets import load_text_set, set_hash
 
-    records = load_text_set(calib_set)[:limit]
+    records = load_text_set(calib_set, limit=limit, purpose="calibration")
     synth = Synthesizer(model, "cpu")
     params = SamplingParams(max_new_tokens=max_steps)
     dec, voc = [], []
@@ -94,7 +93,7 @@ def export_onnx(
     activations. `progress(stage, done, total)` is called per stage. Returns `out`."""
     import torch
 
-    from ..fileio import OutputExistsError, atomic_dir
+    from ..fileio import atomic_dir, check_output_dir, work_dir
     from ..refine import RefineError, check_refinable
     from ..synthesizer import DEFAULT_MODEL, load_model
     from . import quantize as q
@@ -104,8 +103,7 @@ def export_onnx(
 
     spec = q.parse_precision(precision)
     out = Path(out)
-    if out.exists() and not force:  # fail before the slow part
-        raise OutputExistsError(f"{out} already exists; pass --force to replace it, or choose another --out")
+    check_output_dir(out, force=force)  # fail before the slow part
     model_path = Path(model_path) if model_path is not None else DEFAULT_MODEL
     step = progress or (lambda *a: None)
     stages = ["export gpt", "export decoder", "export vocos", "quantize", "write"]
@@ -119,7 +117,7 @@ def export_onnx(
         graphs = GRAPHS
     t0 = time.perf_counter()
     quant: dict[str, dict] = {}
-    with tempfile.TemporaryDirectory(prefix="ttsq-export-") as work, atomic_dir(out, force=force) as tmp:
+    with work_dir("export") as work, atomic_dir(out, force=force) as tmp:
         work = Path(work)
         with torch.no_grad():
             step(stages[0], 0, 1)

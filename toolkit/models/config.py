@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, field, fields
 
 
@@ -80,20 +81,51 @@ class ModelConfig:
         def build(kind, value):
             if value is None:
                 return None
+            if not isinstance(value, dict):
+                raise ValueError(f"{kind.__name__} must be a JSON object, got {value!r}")
             unknown = set(value) - {f.name for f in fields(kind)}
             if unknown:
                 raise ValueError(f"unknown {kind.__name__} fields {sorted(unknown)}")
+            for f in fields(kind):
+                if f.name in value:
+                    _check_type(f"{kind.__name__}.{f.name}", f.type, value[f.name])
             if "levels" in value:
                 value = {**value, "levels": tuple(value["levels"])}
             return kind(**value)
 
+        if not isinstance(d, dict) or not {"gpt", "decoder", "vocos"} <= set(d):
+            raise ValueError("the config needs gpt, decoder and vocos objects")
+
+        gpt = build(GPTConfig, d["gpt"])
+        if gpt.heads < 1 or gpt.hidden % gpt.heads or gpt.num_vq < 1 or gpt.num_audio_tokens < 2:
+            raise ValueError(
+                f"GPTConfig: hidden {gpt.hidden} must split into heads ({gpt.heads}), with at least one "
+                f"codebook ({gpt.num_vq}) of two codes or more ({gpt.num_audio_tokens})"
+            )
         return cls(
-            gpt=build(GPTConfig, d["gpt"]),
+            gpt=gpt,
             decoder=build(ConvStackConfig, d["decoder"]),
             dvae=build(ConvStackConfig, d.get("dvae")),
             gfsq=build(GFSQConfig, d.get("gfsq")),
             vocos=build(VocosConfig, d["vocos"]),
         )
+
+
+def _check_type(name: str, annotation: str, value) -> None:
+    """A manifest's value against its field's annotation ("int", "float", "tuple[int, ...]"): a clear error naming
+    the field instead of a TypeError deep inside the model's construction."""
+    ok = {
+        "int": lambda v: type(v) is int and v >= 0,
+        "float": lambda v: type(v) in (int, float) and math.isfinite(v),
+        "tuple[int, ...]": lambda v: isinstance(v, (list, tuple)) and all(type(x) is int and x > 0 for x in v),
+    }.get(annotation)
+    if ok is not None and not ok(value):
+        want = {
+            "int": "a non-negative integer",
+            "float": "a finite number",
+            "tuple[int, ...]": "a list of positive integers",
+        }[annotation]
+        raise ValueError(f"{name} must be {want}, got {value!r} ({type(value).__name__})")
 
 
 def tiny(num_text_tokens: int = 1024) -> ModelConfig:

@@ -8,9 +8,18 @@ from pathlib import Path
 
 import torch
 
-from ..checkpoint import CheckpointError, load_strict, read_manifest, split_state, verify_files, write_manifest
+from ..checkpoint import (
+    CheckpointError,
+    file_of,
+    load_strict,
+    model_config,
+    read_manifest,
+    split_state,
+    verify_files,
+    write_manifest,
+)
 from ..fileio import atomic_dir
-from ..models import ModelConfig, Tokenizer, TTSModel
+from ..models import Tokenizer, TTSModel
 from .recipes import RECIPES, tensor_classes
 
 
@@ -29,7 +38,8 @@ def save_artifact(
         raise ValueError("the model was not quantized with toolkit.precision.quantize")
     out = Path(out)
     with atomic_dir(out, force=force) as tmp:
-        torch.save(split_state(model), tmp / "model.pt")
+        with open(tmp / "model.pt", "wb") as f:  # a Python file: a full disk raises ENOSPC, not an opaque torch error
+            torch.save(split_state(model), f)
         shutil.copyfile(model.tokenizer.path, tmp / "tokenizer.json")
         plan = report.plan
         layers = {
@@ -85,6 +95,10 @@ def load_artifact(root: Path, manifest: dict | None = None, device: torch.device
                 f"{root} was written with torchao {'.'.join(made)}, this is torchao "
                 f"{torchao.__version__}; install torchao=={'.'.join(made)}.* or re-quantize"
             )
+    cfg = model_config(root, manifest)
+    dtype = manifest.get("dtype", "float32")
+    if dtype not in ("float32", "bfloat16", "float16"):
+        raise CheckpointError(f"{root / 'manifest.json'}: dtype {dtype!r} is not float32, bfloat16 or float16")
     verify_files(root, manifest)
     import torchao.quantization  # noqa: F401  registers its tensor subclasses as safe globals
 
@@ -93,14 +107,14 @@ def load_artifact(root: Path, manifest: dict | None = None, device: torch.device
     allowed = tensor_classes(RECIPES[precision], kind) if RECIPES[precision].is_quantized else []
     try:
         with torch.serialization.safe_globals(allowed):
-            state = torch.load(root / "model.pt", map_location=device, weights_only=True)
+            state = torch.load(file_of(root, "model.pt"), map_location=device, weights_only=True)
     except Exception as e:
         raise CheckpointError(
             f"cannot read {root / 'model.pt'}: {type(e).__name__}: {e}. The artifact is corrupt "
             "or was not written by ttsq; re-create it with ttsq quantize"
         ) from e
-    model = TTSModel(ModelConfig.from_dict(manifest["config"]), Tokenizer(root / "tokenizer.json"))
-    model.to(device=device, dtype=getattr(torch, manifest.get("dtype", "float32")))
+    model = TTSModel(cfg, Tokenizer(file_of(root, "tokenizer.json")))
+    model.to(device=device, dtype=getattr(torch, dtype))
     model.voices = {k[len("voice.") :]: state.pop(k) for k in list(state) if k.startswith("voice.")}
     load_strict(model, state, f"artifact {root}", assign=True)
     model.precision = precision

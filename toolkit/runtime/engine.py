@@ -10,6 +10,8 @@ from typing import Callable, Iterator
 import numpy as np
 import onnxruntime as ort
 
+from ..fileio import member
+from ..models.config import ModelConfig
 from .sampling import SamplingParams, draw, process_logits
 
 MANIFEST = "onnx_manifest.json"
@@ -20,18 +22,63 @@ def is_exported(path) -> bool:
 
 
 def read_manifest(root: Path) -> dict:
-    path = Path(root) / MANIFEST
+    """The export's manifest with its types checked and every file it names confined to the folder (fileio.member);
+    the files the runtime reads are replaced by their paths: graphs[g]["file"], tokenizer, spk_stat, voices."""
+    root = Path(root)
+    path = root / MANIFEST
     try:
-        m = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError) as e:
+        m = json.loads(member(root, MANIFEST, MANIFEST).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
         raise ValueError(f"cannot read {path}: {e}. Re-export the model (ttsq export)") from e
-    if m.get("format") != "ttsq-onnx":
+    if not isinstance(m, dict) or m.get("format") != "ttsq-onnx":
         raise ValueError(f"{path} is not a ttsq ONNX manifest")
-    for name, meta in m.get("files", {}).items():
-        f = Path(root) / name
-        if not f.is_file() or f.stat().st_size != meta["bytes"]:
-            raise ValueError(f"{f} is missing or has the wrong size (manifest says {meta['bytes']} bytes); re-export")
+    try:
+        ModelConfig.from_dict(m.get("config"))  # the same field checks as the torch loader's
+        _check(
+            m,
+            {
+                "precision": str,
+                "files": dict,
+                "graphs": dict,
+                "tokenizer": str,
+                "spk_stat": str,
+                "voices": dict,
+                "sample_rate": int,
+                "pad_id": int,
+                "istft": dict,
+                "streaming": dict,
+            },
+        )
+        _check(m["istft"], {"n_fft": int, "hop": int})
+        _check(m["streaming"], {"decoder_radius": int, "vocos_radius": int})
+        for g in ("gpt", "decoder", "vocos"):
+            _check(m["graphs"].get(g), {"file": str})
+    except ValueError as e:
+        raise ValueError(f"{path}: {e}. Re-export the model (ttsq export)") from None
+    for name, meta in m["files"].items():
+        f = member(root, name, MANIFEST)
+        size = meta.get("bytes") if isinstance(meta, dict) else None
+        if type(size) is not int:
+            raise ValueError(f"{path}: files[{name!r}] needs an integer bytes; re-export")
+        if not f.is_file() or f.stat().st_size != size:
+            raise ValueError(f"{f} is missing or has the wrong size (manifest says {size} bytes); re-export")
+    for g in ("gpt", "decoder", "vocos"):
+        m["graphs"][g]["file"] = member(root, m["graphs"][g]["file"], MANIFEST)
+    m["tokenizer"], m["spk_stat"] = member(root, m["tokenizer"], MANIFEST), member(root, m["spk_stat"], MANIFEST)
+    m["voices"] = {k: member(root, v, MANIFEST) for k, v in m["voices"].items()}
     return m
+
+
+def _check(d, types: dict[str, type]) -> None:
+    if not isinstance(d, dict):
+        raise ValueError(f"expected an object with {', '.join(types)}, got {d!r}")
+    for key, kind in types.items():
+        if key not in d and key in ("pad_id", "voices"):
+            continue
+        if key not in d or not isinstance(d[key], kind) or isinstance(d[key], bool):
+            raise ValueError(
+                f"{key!r} must be {'an integer' if kind is int else 'a ' + kind.__name__}, got {d.get(key)!r}"
+            )
 
 
 def pick_providers(prefer: str | None = None) -> tuple[list[str], str | None]:
@@ -76,16 +123,15 @@ class Sessions:
         if threads:
             opts.intra_op_num_threads = threads
             opts.inter_op_num_threads = 1
-        self.gpt = ort.InferenceSession(str(root / manifest["graphs"]["gpt"]["file"]), opts, providers=self.providers)
-        self.decoder = ort.InferenceSession(
-            str(root / manifest["graphs"]["decoder"]["file"]), opts, providers=self.providers
-        )
-        self.vocos = ort.InferenceSession(
-            str(root / manifest["graphs"]["vocos"]["file"]), opts, providers=self.providers
-        )
+        graphs = manifest["graphs"]  # paths checked by read_manifest
+        self.gpt = ort.InferenceSession(str(graphs["gpt"]["file"]), opts, providers=self.providers)
+        self.decoder = ort.InferenceSession(str(graphs["decoder"]["file"]), opts, providers=self.providers)
+        self.vocos = ort.InferenceSession(str(graphs["vocos"]["file"]), opts, providers=self.providers)
         head = manifest["graphs"].get("text_head")  # exported where the model has a trained text head (refine)
         self.text_head = (
-            ort.InferenceSession(str(root / head["file"]), opts, providers=self.providers) if head else None
+            ort.InferenceSession(str(member(root, head["file"], MANIFEST)), opts, providers=self.providers)
+            if head
+            else None
         )
 
 
@@ -173,6 +219,11 @@ class Engine:
         for i in range(steps):
             if text:
                 logits = self.s.text_head.run(None, {"hidden": np.ascontiguousarray(h, np.float32)})[0]
+            if not np.isfinite(logits.reshape(B, -1)[~finished]).all():  # NaN never samples EOS: noise to the end
+                raise FloatingPointError(
+                    f"the GPT's code logits are NaN/inf at step {i}: the exported model's "
+                    "head_code or last layers hold non-finite values; re-export it"
+                )
             lg = process_logits(logits.reshape(B * Q, V), history, params, temps)
             if i < params.min_new_tokens:
                 lg[:, eos] = -np.inf

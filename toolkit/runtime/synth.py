@@ -12,7 +12,7 @@ import numpy as np
 from ..plan import Plan, render_stream
 from ..refine import EOS, check_prompt, check_refinable, refine_params, refine_plan, refine_prompt, refined_texts
 from ..speakers import ChatTTSSeed, SampleSpeaker, SpeakerError, check_vector, parse_speaker
-from ..text import normalize, prompt_text, sentence_pieces
+from ..text import check_prompt_length, normalize, prompt_text, sentence_pieces
 from .dsp import istft, torch_randn
 from .engine import Engine, Sessions, read_manifest
 from .sampling import SamplingParams
@@ -72,9 +72,9 @@ class EdgeSynthesizer:
         self.sessions = Sessions(self.root, m, threads, device)
         self.provider_note = self.sessions.note
         self.engine = Engine(self.sessions, self.cfg)
-        self.tokenizer = Tokenizer(self.root / m["tokenizer"], m.get("pad_id", 0))
-        self.spk_stat = np.load(self.root / m["spk_stat"]).astype(np.float32)  # (2, D): std, mean
-        self.voices = {k: np.load(self.root / v).astype(np.float32) for k, v in m.get("voices", {}).items()}
+        self.tokenizer = Tokenizer(m["tokenizer"], m.get("pad_id", 0))  # paths confined by read_manifest
+        self.spk_stat = np.load(m["spk_stat"]).astype(np.float32)  # (2, D): std, mean
+        self.voices = {k: np.load(v).astype(np.float32) for k, v in m.get("voices", {}).items()}
         from ..frontend import frontend_for
 
         self.frontend = frontend_for(m.get("frontend"))
@@ -127,6 +127,8 @@ class EdgeSynthesizer:
         self, sentences: Sequence[str], sample_text: str = "", speaker: bool = True
     ) -> tuple[np.ndarray, np.ndarray]:
         tok = self.tokenizer
+        for s in (*sentences, sample_text):
+            check_prompt_length(s, self.cfg["gpt"]["max_positions"])
         smp = self.frontend(normalize(sample_text)) if sample_text.strip() else ""
         ids, valid = tok.encode(
             [prompt_text(self.frontend(s), tok.has, sample_text=smp, speaker=speaker) for s in sentences]
