@@ -323,6 +323,24 @@ def test_nan_head_fails_at_once_instead_of_speaking_noise_to_the_limit(tiny_dir,
     assert r.returncode == 2 and b"code logits are NaN" in r.stderr and not (tmp_path / "x.wav").exists()
 
 
+def test_nan_head_fails_a_served_request_at_its_first_step(tiny_dir):
+    """The server's scheduler steps its own rows: a NaN head fails the request, not 2048 steps later."""
+    from toolkit import Synthesizer
+    from toolkit.engine import NumericalError
+    from toolkit.scheduler import Scheduler
+    model = load_model(tiny_dir)
+    with torch.no_grad():
+        model.gpt.head_code.weight[0, :] = float("nan")
+    sched = Scheduler(Synthesizer(model, "cpu"), slots=2, params=SamplingParams(max_new_tokens=400))
+    try:
+        job = sched.submit("hello there.", seed=1)
+        events = list(job.events())
+    finally:
+        sched.close()
+    assert events[-1][0] == "error" and isinstance(events[-1][1], NumericalError), events[-1]
+    assert "code logits are NaN" in str(events[-1][1]) and job.steps == 0
+
+
 def test_nan_head_in_an_export_fails_at_once(tiny_dir, tmp_path):
     from toolkit.export import export_onnx
     from toolkit.runtime import EdgeSynthesizer

@@ -32,7 +32,7 @@ from typing import Callable, Iterator
 import torch
 from torch import Tensor, nn
 
-from .engine import CACHE_BUCKET
+from .engine import CACHE_BUCKET, NumericalError
 from .models.gpt import KVCache
 from .plan import Plan
 from .prompt import encode_prompts
@@ -310,8 +310,10 @@ class Scheduler:
         steps = torch.tensor([r.steps for r in rows], device=dev)
         noise = self.noise[torch.arange(n, device=dev), steps % chunk].view(n * Q, V)
         step_q = steps.repeat_interleave(Q)
+        logits = gpt.code_logits(self.h[:n])  # (n, Q, V)
+        bad = ~torch.isfinite(logits).flatten(1).all(-1)  # read with the EOS flags: no extra sync
         ids = sample_codes(
-            gpt.code_logits(self.h[:n]).view(n * Q, V),
+            logits.view(n * Q, V),
             self.history[: n * Q],
             self.temperature[: n * Q],
             noise,
@@ -331,10 +333,20 @@ class Scheduler:
         self.h[:n] = out
         self.pos += 1
         self.steps_run += 1
-        eos = (ids == gpt.cfg.eos_code).any(-1).tolist()
+        eos, bad = torch.stack([(ids == gpt.cfg.eos_code).any(-1), bad]).tolist()
         done = []
         for i, r in enumerate(rows):
             r.steps += 1
+            if bad[i]:  # NaN logits never sample EOS: the request would be noise to its step limit
+                self._fail(
+                    r.job,
+                    NumericalError(
+                        "the GPT's code logits are NaN/inf: the model's head_code or last "
+                        "layers hold non-finite values, or overflowed; check the checkpoint"
+                    ),
+                )
+                done.append(i)
+                continue
             if not eos[i]:
                 r.pending.append(before[i])
                 r.job.steps += 1
