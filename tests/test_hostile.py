@@ -231,7 +231,7 @@ def test_manifest_names_stay_inside_the_model_folder(bad, tiny_dir, tmp_path):
     _edit_manifest(folder, "manifest.json", lambda m: m["files"].update({bad: {"bytes": 1, "sha256": "0" * 64}}))
     with pytest.raises(CheckpointError, match="inside the model folder|outside the model folder"):
         load_model(folder)
-    r = ttsq("info", folder, timeout=60)  # /proc/self/pagemap hung `ttsq info`
+    r = ttsq("info", folder)  # /proc/self/pagemap hung `ttsq info` (forever: the timeout catches it)
     assert r.returncode == 2 and b"model folder" in r.stderr and b"Traceback" not in r.stderr
 
 
