@@ -308,9 +308,8 @@ class QuantizeDialog(_JobDialog):
         self._refresh_out()
         self._show_plan()
         for w in (self.precision, self.calib, self.limit, self.keep):
-            (w.currentIndexChanged if isinstance(w, QComboBox) else w.valueChanged).connect(
-                lambda *_: self._show_plan()
-            )
+            changed = w.currentIndexChanged if isinstance(w, QComboBox) else w.valueChanged
+            changed.connect(lambda *_: self._show_plan())
 
     def _device_changed(self, device: str) -> None:
         from toolkit.quantize_job import calibration_texts

@@ -22,9 +22,12 @@ CONTROLS = {
     "--max-steps": "“Max steps”",
     "--control-tokens": "“read [laugh], [uv_break], ... as controls”",
 }
-PHRASES = [  # whole phrases first, where the verb changes with the control
-    (r"\b[Pp]ass --force\b", "tick “replace an existing output folder”"),
-    (r"\b[Pp]ass --model with\b", "pick in the Model box"),
+PHRASES = [  # whole phrases first, where the verb changes with the control ("Pass" -> "Tick", "pass" -> "tick")
+    (
+        r"\b([Pp])ass --force\b",
+        lambda m: ("T" if m.group(1) == "P" else "t") + "ick “replace an existing output folder”",
+    ),
+    (r"\b([Pp])ass --model with\b", lambda m: ("P" if m.group(1) == "P" else "p") + "ick in the Model box"),
     (r"\bttsq quantize --device (\S+) \.\.\.", r"Tools ▸ Quantize… with “Device” \1"),
     (r"\bttsq quantize\b", "Tools ▸ Quantize…"),
     (r"\bttsq export\b", "Tools ▸ Export to ONNX…"),

@@ -81,9 +81,9 @@ def main(argv: list[str] | None = None) -> int:
             win.table.select(win.artifact_label())
         shot(win, "04-artifact-vs-fp32.png")
     for name, r in win.results.items():  # what the pictures show, for the reader of the log (and the test)
+        mcd = r["mcd_db"] if r["mcd_db"] is None else round(r["mcd_db"], 2)
         print(
-            f"result {name}: RTF {r['rtf']:.3f}"
-            f", MCD vs FP32 {r['mcd_db'] if r['mcd_db'] is None else round(r['mcd_db'], 2)}"
+            f"result {name}: RTF {r['rtf']:.3f}, MCD vs FP32 {mcd}"
             f" dB, WER/CER {r['asr_rate']}, from {r['model'] or 'shipped voice'}"
         )
     if win.floor:

@@ -204,6 +204,12 @@ class ComparisonTable(QTableWidget):
         self.horizontalHeader().setMinimumSectionSize(30)
         self._hide_empty()
 
+    def needed_width(self) -> int:
+        """Pixels to show every visible column without a horizontal scroll bar."""
+        h = self.horizontalHeader()
+        cols = sum(h.sectionSize(c) for c in range(self.columnCount()) if not self.isColumnHidden(c))
+        return cols + 2 * self.frameWidth() + self.verticalScrollBar().sizeHint().width() + 2
+
     def row_of(self, name: str) -> int:
         return next((r for r in range(self.rowCount()) if self.item(r, 0).text() == name), -1)
 
@@ -225,8 +231,8 @@ class ComparisonTable(QTableWidget):
             "WER/CER": _fmt(res.get("asr_rate"), ".2f"),
             "MCD dB": _fmt(res["mcd_db"], ".2f"),
             "DNSMOS": _fmt(res["dnsmos_ovrl"], ".2f"),
-            "RTF": _fmt(res["rtf"], ".3f"),
-            "latency s": _fmt(res["latency_s"], ".2f"),
+            "RTF": _fmt(res["rtf"], ".3g"),
+            "latency s": _fmt(res["latency_s"], ".3g"),
             "1st audio s": _fmt(res["time_to_first_audio_s"], ".2f"),
             "MiB": _fmt(res["size_bytes"], ".1f", mib),
             "GPU MiB": _fmt(res["peak_gpu_bytes"], ".0f", mib),
@@ -327,7 +333,7 @@ class LatencyQualityChart(QChartView):
         chart.addAxis(self.ax_y, Qt.AlignLeft)
         super().__init__(chart, parent)
         self.setRenderHint(QPainter.Antialiasing)
-        self.setMinimumSize(260, 200)
+        self.setMinimumSize(220, 200)
         self.setToolTip(
             "each precision at its real-time factor and quality; the grey band is the noise floor: the "
             "values FP32 itself takes at two seeds. Click a point to pick its row"
@@ -368,6 +374,8 @@ class LatencyQualityChart(QChartView):
             s.setPointLabelsClipping(False)
             s.clicked.connect(lambda _pt, name=name: self.picked.emit(name))
             self.chart().addSeries(s)
+            for marker in self.chart().legend().markers(s):  # the point's own label names it: the legend keeps
+                marker.setVisible(False)  # the band alone
             s.attachAxis(self.ax_x)
             s.attachAxis(self.ax_y)
             self.series[name] = s

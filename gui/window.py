@@ -227,11 +227,11 @@ class MainWindow(QMainWindow):
         self.progress.setFormat("%p%")
         self.progress_label = QLabel("ready")
         self.progress_label.setWordWrap(True)
-        self.warning_button = QPushButton()  # every warning of the last run, kept until the next run
-        self.warning_button.setFlat(True)
-        self.warning_button.setStyleSheet("color: #9a5b00; text-align: left")
-        self.warning_button.clicked.connect(self.show_warnings)
-        self.warning_button.hide()
+        self.warning_label = QLabel()  # every warning of the last run, kept until the next run
+        self.warning_label.setWordWrap(True)
+        self.warning_label.setStyleSheet("color: #9a5b00")
+        self.warning_label.linkActivated.connect(lambda _: self.show_warnings())
+        self.warning_label.hide()
         top = QWidget()
         tv = QVBoxLayout(top)
         tv.setContentsMargins(0, 0, 0, 0)
@@ -243,7 +243,7 @@ class MainWindow(QMainWindow):
         row.addWidget(self.progress, 1)
         tv.addLayout(row)
         tv.addWidget(self.progress_label)
-        tv.addWidget(self.warning_button)
+        tv.addWidget(self.warning_label)
 
         # right, middle: one tab per result, and playback
         self.tabs = QTabWidget()
@@ -255,12 +255,13 @@ class MainWindow(QMainWindow):
         self.play_button.setToolTip("Space")
         self.play_button.clicked.connect(self.toggle_play)
         self.a_combo, self.b_combo = QComboBox(), QComboBox()
-        for combo in (self.a_combo, self.b_combo):  # wide enough for an artifact's folder name
-            combo.setSizeAdjustPolicy(QComboBox.AdjustToContents)
+        for combo in (self.a_combo, self.b_combo):  # wide enough for an artifact's folder name (the dialogs'
+            combo.setSizeAdjustPolicy(QComboBox.AdjustToContents)  # defaults), yet the row fits 1024 px
             combo.setMinimumContentsLength(8)
-        self.ab_button = QPushButton("A/B: playing A")
+            combo.setMaximumWidth(220)
+        self.ab_button = QPushButton("A/B: A")
         self.ab_button.setCheckable(True)
-        self.ab_button.setToolTip("switch between A and B at the same position (Ctrl+B)")
+        self.ab_button.setToolTip("plays A or B; a click switches between them at the same position (Ctrl+B)")
         self.ab_button.toggled.connect(self.switch_ab)
         self.save_wav_button = QPushButton("Save as WAV…")
         self.save_wav_button.clicked.connect(lambda: self.save_wav())
@@ -396,11 +397,8 @@ class MainWindow(QMainWindow):
                 )
         self.model_info.setText(desc)
         self.model_info.setStyleSheet("color: #b00020" if kind in ("missing", "invalid") else "")
-        if (
-            self.busy()
-            and self.job is not None
-            and self.model_path() not in (self.job.model, *self.job.artifacts.values())
-        ):
+        running = (self.job.model, *self.job.artifacts.values()) if self.job is not None else ()
+        if self.busy() and self.job is not None and self.model_path() not in running:
             self.statusBar().showMessage(
                 f"the running synthesis finishes with {self.job.model or SHIPPED}; "
                 "the new model is used from the next run",
@@ -443,6 +441,20 @@ class MainWindow(QMainWindow):
                 it.setFlags(Qt.ItemIsUserCheckable)  # shown, greyed
             it.setCheckState(Qt.Checked if name in checked and it.flags() & Qt.ItemIsEnabled else Qt.Unchecked)
             self.precision_list.addItem(it)
+
+    def _fit_bottom(self) -> None:
+        """The table gets the width its columns need (no sideways scrolling) and the chart the rest, down to its
+        minimum; the chart's points are labelled, so it reads at that size."""
+        total = sum(self.bottom.sizes())
+        if total <= 0:
+            return
+        need = self.table.needed_width()
+        chart = max(total - need, self.chart.minimumWidth())
+        self.bottom.setSizes([total - chart, chart])
+
+    def resizeEvent(self, event) -> None:
+        super().resizeEvent(event)
+        QTimer.singleShot(0, self._fit_bottom)  # once the splitters have their new sizes
 
     def _update_buttons(self) -> None:
         busy = self.busy()
@@ -620,14 +632,15 @@ class MainWindow(QMainWindow):
 
     def _show_warnings(self) -> None:
         n = len(self.warnings)
-        self.warning_button.setVisible(bool(n))
+        self.warning_label.setVisible(bool(n))
         if n:
-            last = self.warnings[-1]
-            self.warning_button.setText(
-                f"⚠ {n} warning{'s' if n > 1 else ''}: {last[:90]}{'…' if len(last) > 90 else ''}"
-                + (" (click for all)" if n > 1 else "")
+            from html import escape
+
+            self.warning_label.setText(
+                f"⚠ {n} warning{'s' if n > 1 else ''}: {escape(self.warnings[-1])}"
+                + (" <a href='#'>(all of them)</a>" if n > 1 else "")
             )
-            self.warning_button.setToolTip("\n".join(self.warnings))
+            self.warning_label.setToolTip("\n".join(self.warnings))
 
     def show_warnings(self) -> None:
         if self.warnings:
@@ -657,6 +670,7 @@ class MainWindow(QMainWindow):
         self.table.set_result(res)
         self.chart.set_result(res)
         self._refresh_verdicts()
+        self._fit_bottom()
         if self.tabs.widget(0) is self.placeholder:
             self.tabs.removeTab(0)
         names = list(self.results)
@@ -736,7 +750,7 @@ class MainWindow(QMainWindow):
         return True
 
     def switch_ab(self, b: bool) -> None:
-        self.ab_button.setText("A/B: playing B" if b else "A/B: playing A")
+        self.ab_button.setText("A/B: B" if b else "A/B: A")
         if self.player.playing:
             self.play(self.player.position())  # the other precision at the same position
         elif self.current_name():

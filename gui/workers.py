@@ -473,7 +473,7 @@ def _score(res: dict, reference, with_dnsmos: bool) -> None:
     elif res["name"] == FP32:
         res["mcd_db"], res["mcd_note"] = 0.0, "the reference"
     elif reference is None:
-        res["mcd_note"] = "no FP32 result for this sentence: add fp32 to compare"
+        res["mcd_note"] = "no FP32 result for this sentence: tick fp32 in the Precisions list to compare"
     else:
         try:
             res["mcd_db"] = metrics.mcd(reference.wav, res["wav"], sr).value_db

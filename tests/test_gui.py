@@ -22,7 +22,8 @@ pytest.importorskip("pytestqt")
 from PySide6.QtCore import QSettings, Qt  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-WAIT = 180_000  # ms: a bound for a hung run, not a timing; a loaded 2-core machine is slow
+WAIT = 600_000  # ms: a bound for a hung run, not a timing (the first run loads the ASR; at a load average of 19 on
+# this 2-core machine it took over 180 s)
 
 
 @pytest.fixture
@@ -225,8 +226,8 @@ def test_warnings_are_the_users_and_stay(qtbot, win):
     assert sorted(w.split(":")[0] for w in win.warnings) == sorted(cut)  # one per run that hit the limit
     assert all("max_new_tokens" in w for w in win.warnings)
     if cut:
-        assert win.warning_button.isVisible() and f"{len(cut)} warning" in win.warning_button.text()
-        assert all(w in win.warning_button.toolTip() for w in win.warnings)
+        assert win.warning_label.isVisible() and f"{len(cut)} warning" in win.warning_label.text()
+        assert all(w in win.warning_label.toolTip() for w in win.warnings)
         win.show_warnings()
         assert all(w in win.error_box.text() for w in win.warnings)
 
@@ -240,15 +241,18 @@ def test_model_voices_in_the_speaker_list(qtbot, win):
     assert {"m1", "f2", "m3", "f4", "m7", "f5"} <= set(items)
 
 
-def test_fits_1024_pixels(qtbot, win, tiny_artifact):
+def test_fits_1024_pixels(qtbot, win, tiny_artifact, tmp_path):
     """Issue 40, item 7: the window fits a 1024 px screen; with results, the table shows every column without
     sideways scrolling (the precision column never scrolls away) and the A/B boxes show whole names."""
-    win.set_model(str(tiny_artifact))
+    art = tmp_path / "shipped-voice-int4-g32"  # as long a name as the dialog's defaults give
+    shutil.copytree(tiny_artifact, art)
+    win.set_model(str(art))
     win.set_precisions(["fp32", "int8"])
     win.synthesize()
     _wait_idle(qtbot, win)
     assert win.error_box is None, win.error_box.text()
     assert win.minimumSizeHint().width() <= 1024
+    win.table.set_result({**win.results["fp32"], "dnsmos_ovrl": 2.13})  # every column of the defaults shown
     win.resize(1024, 700)
     qtbot.waitUntil(lambda: win.width() == 1024, timeout=5000)
     qtbot.wait(200)
@@ -520,6 +524,9 @@ def test_errors_name_the_gui_controls():
         "re-quantize on this device: ttsq quantize --device cpu ..."
     )
     assert "--" not in m and "“Device” cuda" in m and "Tools ▸ Quantize… with “Device” cpu" in m
+    assert for_gui("model path not found: x. Pass --model with a ttsq model folder").endswith(
+        "x. Pick in the Model box a ttsq model folder"
+    )
 
 
 @pytest.mark.skipif(shutil.which("Xvfb") is None, reason="Xvfb is not installed")

@@ -332,3 +332,16 @@ def test_quantize_reports_every_stage_and_records_its_source(tiny_dir, tmp_path,
         assert steps[-1][0] == steps[-1][1] and [d for d, _ in steps] == sorted(d for d, _ in steps), stage
     assert json.loads((out / "manifest.json").read_text())["source"] == str(Path(tiny_dir).resolve())
     assert out.stat().st_mode & 0o777 == 0o755
+
+
+def test_stage_clock_times_stages_and_gives_an_eta():
+    from toolkit.progress import StageClock, duration
+
+    now = [0.0]
+    c = StageClock(clock=lambda: now[0])
+    assert c.update("calibrate", 0, 8) is None  # no rate yet
+    now[0] = 10.0
+    assert c.update("calibrate", 2, 8) == pytest.approx(30.0)  # 5 s a text, 6 to go
+    now[0] = 40.0
+    assert c.update("calibrate", 8, 8) == 0.0 and c.took == {"calibrate": 40.0}
+    assert duration(45) == "45 s" and duration(200) == "3 min 20 s" and duration(3900) == "1 h 05 min"
