@@ -328,6 +328,7 @@ def test_nan_head_fails_a_served_request_at_its_first_step(tiny_dir):
     from toolkit import Synthesizer
     from toolkit.engine import NumericalError
     from toolkit.scheduler import Scheduler
+
     model = load_model(tiny_dir)
     with torch.no_grad():
         model.gpt.head_code.weight[0, :] = float("nan")
