@@ -97,8 +97,10 @@ def fit_vector(model: TTSModel, codes: np.ndarray, text: str, settings: FitSetti
     """The speaker vector that maximises the teacher-forced likelihood of `codes` (Q, T), then EOS, after the prompt
     for `text`. Starts from the model's voices' mean direction (or spk_stat's mean), optimised with Adam."""
     if getattr(model, "precision", "fp32") != "fp32":
-        raise SpeakerError(f"fit a speaker on the fp32 model, not a {model.precision} artifact: the speaker string it "
-                           "gives works at every precision")
+        raise SpeakerError(
+            f"fit a speaker on the fp32 model, not a {model.precision} artifact: the speaker string it "
+            "gives works at every precision"
+        )
     forced = TeacherForced(model, codes, text)
     if model.voices:
         start = torch.stack([torch.nn.functional.normalize(v.float(), dim=0) for v in model.voices.values()]).mean(0)
