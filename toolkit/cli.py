@@ -105,6 +105,8 @@ def cmd_synth(a) -> int:
             progress=progress_bar("characters"),
             **_refine_args(a),
         )
+    if a.refine:
+        print(f"refined: {' '.join(r.texts)}")
     duration = r.samples / synth.sample_rate
     total = r.timings.get("total", 0.0)
     print(

@@ -64,6 +64,7 @@ class Written:
     steps: int = 0
     hit_limit: bool = False
     timings: dict[str, float] = field(default_factory=dict)
+    texts: list[str] = field(default_factory=list)  # each sentence's text as spoken (refined, with refine on)
 
 
 def synthesize_to(
@@ -102,6 +103,7 @@ def synthesize_to(
                 warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
         for i, u in enumerate(utts):
             write(u.wav)
+            out.texts.append(u.text)
             out.samples += len(u.wav)
             out.steps += u.steps
             if u.hit_limit:
