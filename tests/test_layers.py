@@ -12,7 +12,7 @@ PACKAGES = ("toolkit", "evaluation", "gui", "training")
 
 # bottom to top; a module's layer is its longest prefix here. A module may import its own layer and those below.
 LAYERS = [
-    # torch-free leaves: settings, files, text, the progress bar, the weight type checks, the edge runtime
+    # torch-free leaves: settings, files, text, the progress bar, the weight type checks
     [
         "toolkit.params",
         "toolkit.fileio",
@@ -26,9 +26,9 @@ LAYERS = [
         "toolkit.sampling",
         "toolkit.speakers",
         "toolkit.refine",
-        "toolkit.runtime",
     ],
     ["toolkit.models"],
+    ["toolkit.runtime"],  # the torch-free edge runtime: the models' configs (torch-free; the package loads lazily)
     ["toolkit.checkpoint"],
     ["toolkit.decode", "toolkit.kernels", "toolkit.engine", "toolkit.prompt", "toolkit.streaming"],
     ["toolkit.precision"],
