@@ -9,8 +9,9 @@ reaches the cache's end every row shifts left by the oldest row's start.
 Each row samples with its own generator (seeded like `Engine.generate`'s batch of one), step counter and
 repetition history, and attention reads a cache length bucketed as the engine's: a request served alone yields the
 codes `Synthesizer.synthesize` yields at batch 1, and in company the same up to the float rounding of batched
-matmuls. Audio is rendered per row as it comes (toolkit.streaming.StreamRenderer). The text is split into sentences
-and seeded as `ttsq synth --batch-size 1` does (`Plan`), sentences run one after another in the request's row.
+matmuls. Audio is rendered as it comes (toolkit.streaming), the rows due at a step in one batch. The text is split
+into sentences and seeded as `ttsq synth --batch-size 1` does (`Plan`); they run one after another in the request's
+row.
 
     sched = Scheduler(Synthesizer(), slots=8)
     job = sched.submit("Hello there.", speaker="m1", seed=0)   # raises QueueFull when the queue is full
@@ -29,6 +30,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
+import numpy as np
 import torch
 from torch import Tensor, nn
 
@@ -37,7 +39,7 @@ from .models.gpt import KVCache
 from .plan import Plan
 from .prompt import encode_prompts
 from .sampling import SamplingParams, sample_codes
-from .streaming import StreamRenderer
+from .streaming import StreamRenderer, push_many
 from .synthesizer import OutOfMemory, Synthesizer, _is_out_of_memory
 
 
@@ -54,8 +56,7 @@ class Closed(RuntimeError):
 @dataclass
 class Job:
     """One request: its sentences (text, seed), speaker, and what happened to it. on_event(job, kind, data) is called
-    from the scheduler's thread: ("audio", float32 samples), then one ("end", "done" | "cancelled") or
-    ("error", exc)."""
+    from the scheduler's thread: ("audio", float32 samples), then ("end", "done" | "cancelled") or ("error", exc)."""
 
     id: int
     sentences: list[tuple[str, int]]
@@ -132,11 +133,8 @@ class Scheduler:
         self.max_chars, self.control_tokens = max_chars, control_tokens
         gpt = self.gpt = synth.model.gpt
         cfg = gpt.cfg
-        self.Q, self.V, self.L = (
-            cfg.num_vq,
-            cfg.num_audio_tokens,
-            min(cache_len or cfg.max_positions, cfg.max_positions),
-        )
+        self.Q, self.V = cfg.num_vq, cfg.num_audio_tokens
+        self.L = min(cache_len or cfg.max_positions, cfg.max_positions)
         dev, dtype = synth.device, gpt.norm.weight.dtype
         shape = (slots, cfg.heads, self.L, cfg.head_dim)
         self.k = [torch.zeros(shape, dtype=dtype, device=dev) for _ in gpt.layers]
@@ -334,7 +332,7 @@ class Scheduler:
         self.pos += 1
         self.steps_run += 1
         eos, bad = torch.stack([(ids == gpt.cfg.eos_code).any(-1), bad]).tolist()
-        done = []
+        done, due, ended = set(), [], []
         for i, r in enumerate(rows):
             r.steps += 1
             if bad[i]:  # NaN logits never sample EOS: the request would be noise to its step limit
@@ -345,45 +343,64 @@ class Scheduler:
                         "layers hold non-finite values, or overflowed; check the checkpoint"
                     ),
                 )
-                done.append(i)
+                done.add(i)
                 continue
             if not eos[i]:
                 r.pending.append(before[i])
                 r.job.steps += 1
-            ended = eos[i] or r.steps >= r.limit
-            if ended or len(r.pending) >= chunk or r.renderer.steps + len(r.pending) == r.renderer.first_audio_step:
-                if not self._render(r, final=ended):
-                    done.append(i)
-                    continue
-            if ended:
-                if r.sentence + 1 < len(r.job.sentences):
-                    if not self._start(r.job, r.sentence + 1, i):
-                        done.append(i)
-                else:
-                    self._end(r.job, "done")
-                    done.append(i)
-        for i in sorted(set(done), reverse=True):
+            if eos[i] or r.steps >= r.limit:
+                ended.append(i)
+            elif len(r.pending) >= chunk or r.renderer.steps + len(r.pending) == r.renderer.first_audio_step:
+                due.append(i)
+        done.update(self._render_due([rows[i] for i in due], due))
+        for i in ended:  # a sentence's end renders alone: its last window ends where the audio does, not padded
+            r = rows[i]
+            if not self._render_end(r):
+                done.add(i)
+            elif r.sentence + 1 < len(r.job.sentences):
+                if not self._start(r.job, r.sentence + 1, i):
+                    done.add(i)
+            else:
+                self._end(r.job, "done")
+                done.add(i)
+        for i in sorted(done, reverse=True):
             self._remove(i)
 
-    def _render(self, r: _Row, final: bool) -> bool:
-        """Push the row's pending states to its renderer and emit the finished audio; False if that failed."""
+    def _render_due(self, rows: list[_Row], idx: list[int]) -> list[int]:
+        """Render the rows' pending states as one batch (streaming.push_many) and emit the audio; -> the indices of
+        rows whose request failed (all of them if the batch did)."""
+        if not rows:
+            return []
         try:
-            pieces = []
-            if r.pending:
-                pieces.append(r.renderer.push(torch.stack(r.pending)))
-                r.pending = []
-            if final:
-                pieces.append(r.renderer.finish())
-            for piece in pieces:
-                if piece.size:
-                    if r.job.first_audio is None:
-                        r.job.first_audio = time.perf_counter()
-                    r.job.samples += piece.size
-                    r.job.on_event(r.job, "audio", piece)
-            return True
+            pieces = push_many([(r.renderer, torch.stack(r.pending)) for r in rows])
+        except Exception as e:  # noqa: BLE001 - these requests fail, the others go on
+            for r in rows:
+                self._fail(r.job, e)
+            return idx
+        for r, piece in zip(rows, pieces):
+            r.pending = []
+            self._emit(r, piece)
+        return []
+
+    def _render_end(self, r: _Row) -> bool:
+        """Render the rest of the row's sentence and emit it; False if that failed (the request failed)."""
+        try:
+            pieces = [r.renderer.push(torch.stack(r.pending))] if r.pending else []
+            r.pending = []
+            pieces.append(r.renderer.finish())
         except Exception as e:  # noqa: BLE001 - a rendering failure ends this request alone
             self._fail(r.job, e)
             return False
+        for piece in pieces:
+            self._emit(r, piece)
+        return True
+
+    def _emit(self, r: _Row, piece: np.ndarray) -> None:
+        if piece.size:
+            if r.job.first_audio is None:
+                r.job.first_audio = time.perf_counter()
+            r.job.samples += piece.size
+            r.job.on_event(r.job, "audio", piece)
 
     # --- bookkeeping -------------------------------------------------------------------------
     def _cache_len(self, rows: list[_Row]) -> int:

@@ -56,10 +56,18 @@ class StreamRenderer:
                 else:
                     self.side.wait_stream(torch.cuda.current_stream(hidden.device))
                 hidden.record_stream(self.side)  # the allocator must not reuse it before the side stream is done
+        self._append(hidden)
+        return self._render(self.emitted, self._final_sample(), frames=None)
+
+    def _append(self, hidden: Tensor) -> None:
+        if hidden.shape[0]:
             self.hidden.append(hidden)
             self.steps += hidden.shape[0]
+
+    def _final_sample(self) -> int:
+        """Samples before this one are final: no future state can change them."""
         final_spec = 2 * self.steps - self.r_dec - self.r_voc  # spectrum frames no future state can change
-        return self._render(self.emitted, final_spec * self.hop - self.n_fft // 2, frames=None)
+        return final_spec * self.hop - self.n_fft // 2
 
     def finish(self) -> np.ndarray:
         if self.steps == 0:
@@ -71,19 +79,29 @@ class StreamRenderer:
         if t1 <= t0:
             return np.zeros(0, dtype=np.float32)
         with torch.cuda.stream(self.side) if self.side is not None else contextlib.nullcontext():
-            return self._render_span(t0, t1, frames)
+            s0, s1, m0, m1, f0, f1 = w = self._window(t0, t1, frames)
+            mel = self.model.hidden_to_mel(self._states(s0, s1)[None])[..., m0 - 2 * s0 : m1 - 2 * s0]
+            spec = self.model.vocos.spectrum(mel.to(self.model.vocos.embed.weight.dtype))[0, :, f0 - m0 : f1 - m0]
+            return self._samples(spec, t0, t1, w)
 
-    def _render_span(self, t0: int, t1: int, frames: int | None) -> np.ndarray:
+    def _window(self, t0: int, t1: int, frames: int | None) -> tuple[int, int, int, int, int, int]:
+        """What samples [t0, t1) need: states [s0, s1), mel frames [m0, m1), spectrum frames [f0, f1)."""
         hop, half = self.hop, self.n_fft // 2
         known = 2 * self.steps
         f0 = max(0, (t0 - half) // hop + 1)  # first frame whose window reaches t0
         f1 = min(frames or known, math.ceil((t1 + half) / hop))  # frames whose window starts before t1
         m0, m1 = max(0, f0 - self.r_voc), min(known, f1 + self.r_voc)
         s0, s1 = max(0, (m0 - self.r_dec) // 2), min(self.steps, math.ceil((m1 + self.r_dec) / 2))
-        hidden = torch.cat(self.hidden)[s0:s1]
+        return s0, s1, m0, m1, f0, f1
+
+    def _states(self, s0: int, s1: int) -> Tensor:
         self.hidden = [torch.cat(self.hidden)]
-        mel = self.model.hidden_to_mel(hidden[None])[..., m0 - 2 * s0 : m1 - 2 * s0]
-        spec = self.model.vocos.spectrum(mel.to(self.model.vocos.embed.weight.dtype))[0, :, f0 - m0 : f1 - m0]
+        return self.hidden[0][s0:s1]
+
+    def _samples(self, spec: Tensor, t0: int, t1: int, window: tuple) -> np.ndarray:
+        """spec (n_fft/2+1, f1 - f0) -> samples [t0, t1) by inverse FFT and overlap-add."""
+        hop, half = self.hop, self.n_fft // 2
+        f0, f1 = window[4], window[5]
         frames_t = torch.fft.irfft(spec, n=self.n_fft, dim=0) * self.window[:, None]  # (n_fft, F)
         n = (f1 - f0 - 1) * hop + self.n_fft
         fold = dict(output_size=(1, n), kernel_size=(1, self.n_fft), stride=(1, hop))
@@ -96,6 +114,40 @@ class StreamRenderer:
         out = (ola[seg] / env[seg].clamp(min=1e-11)).float().cpu().numpy()
         self.emitted = t1
         return out
+
+
+@torch.inference_mode()
+def push_many(items: list[tuple[StreamRenderer, Tensor]]) -> list[np.ndarray]:
+    """`renderer.push(hidden)` for several renderers of one model at once (on the current stream): their windows run
+    through the Decoder and Vocos as one batch, right-padded to the longest. Equal to pushing each alone up to float
+    rounding: every emitted sample lies farther than the receptive radius from a window's end, so the padding, like
+    the states not known yet, cannot reach it."""
+    live = []
+    for r, hidden in items:
+        r._append(hidden)
+        t0, t1 = r.emitted, r._final_sample()
+        live.append((r, t0, t1, r._window(t0, t1, None)) if t1 > t0 else None)
+    out = [np.zeros(0, dtype=np.float32)] * len(items)
+    rows = [(i, *x) for i, x in enumerate(live) if x is not None]
+    if not rows:
+        return out
+    model = rows[0][1].model
+    S = max(w[1] - w[0] for *_, w in rows)
+    states = torch.stack(
+        [torch.nn.functional.pad(r._states(w[0], w[1]), (0, 0, 0, S - (w[1] - w[0]))) for _, r, _, _, w in rows]
+    )
+    mel = model.hidden_to_mel(states)  # (B, n_mels, 2S)
+    M = max(w[3] - w[2] for *_, w in rows)
+    mel = torch.stack(
+        [
+            torch.nn.functional.pad(mel[b, :, w[2] - 2 * w[0] : w[3] - 2 * w[0]], (0, M - (w[3] - w[2])))
+            for b, (*_, w) in enumerate(rows)
+        ]
+    )
+    spec = model.vocos.spectrum(mel.to(model.vocos.embed.weight.dtype))  # (B, n_fft/2+1, M)
+    for b, (i, r, t0, t1, w) in enumerate(rows):
+        out[i] = r._samples(spec[b, :, w[4] - w[2] : w[5] - w[2]], t0, t1, w)
+    return out
 
 
 def stream_text(
