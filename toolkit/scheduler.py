@@ -37,7 +37,7 @@ from torch import Tensor, nn
 from .engine import CACHE_BUCKET, NumericalError
 from .models.gpt import KVCache
 from .plan import Plan
-from .prompt import encode_prompts
+from .prompt import Voice, encode_prompts
 from .sampling import SamplingParams, sample_codes
 from .streaming import StreamRenderer, push_many
 from .synthesizer import OutOfMemory, Synthesizer, _is_out_of_memory
@@ -60,7 +60,7 @@ class Job:
 
     id: int
     sentences: list[tuple[str, int]]
-    speaker: Tensor
+    speaker: Voice
     on_event: Callable[[Job, str, object], None]
     submitted: float = field(default_factory=time.perf_counter)
     first_audio: float | None = None  # perf_counter times
@@ -180,7 +180,7 @@ class Scheduler:
     ) -> Job:
         """Queue a request. Raises TextError / ValueError for bad text or speaker, QueueFull, or Closed."""
         sentences = self.plan(text, seed)
-        spk = self.synth.speaker_vector(speaker)
+        spk = self.synth.voice(speaker)  # a vector, or sample-audio codes with their transcript
         with self._cond:
             if self._closing:
                 raise Closed("the server is shutting down")
