@@ -7,7 +7,7 @@ over the audio's duration), aggregate audio seconds per wall second, errors, ser
 
     # CPU, the shipped voice
     python3 benchmarks/serve_load.py --device cpu --clients 4 --slots 4 --requests 16 --baseline-requests 4 \\
-        --out benchmarks/results/serve_load_cpu.json
+        --out benchmarks/results/current/serve_load_cpu.json
     # GPU, random weights at ChatTTS's dimensions (EOS barred: each sentence runs --steps-per-sentence steps)
     python3 benchmarks/serve_load.py --dims chattts --device cuda --precision bf16 --clients 64 --slots 64 ...
 """
