@@ -160,7 +160,7 @@ class _JobDialog(QDialog):
     def arguments(self) -> dict:  # pragma: no cover -- overridden; read on the GUI thread
         raise NotImplementedError
 
-    def call(self, args: dict, progress):  # pragma: no cover -- overridden; runs in the worker thread
+    def call(self, args: dict, progress, emit):  # pragma: no cover -- overridden; runs in the worker thread
         raise NotImplementedError
 
     def summary(self, result) -> str:
@@ -179,6 +179,7 @@ class _JobDialog(QDialog):
         self.clock = StageClock()
         self.order = list(self.planned_stages())
         self.current: tuple[str, int, int, float | None] | None = None
+        self.expected: dict[str, float] = {}  # seconds per stage, as the job's probe estimated them
         self._show_stages()
         args = self.arguments()
 
@@ -189,7 +190,7 @@ class _JobDialog(QDialog):
                 stage, done, total = a if len(a) == 3 else ("", *a)
                 emit("progress", (stage, done, total))
 
-            return self.call(args, progress)
+            return self.call(args, progress, emit)
 
         self.worker = workers.Worker(fn)
         self.worker.event.connect(self._event)
@@ -199,6 +200,9 @@ class _JobDialog(QDialog):
         workers.start(self.worker, self)
 
     def _event(self, kind, payload) -> None:
+        if kind == "estimate":
+            self.expected = payload
+            self._show_stages()
         if kind != "progress":
             return
         stage, done, total = payload
@@ -217,6 +221,11 @@ class _JobDialog(QDialog):
         from toolkit.progress import duration
 
         lines = []
+        if self.expected:
+            lines.append(
+                f"Expected time: about {duration(sum(self.expected.values()))} in all (measured by a short probe "
+                "of this model on this device)"
+            )
         for name in self.order:
             if name in self.clock.took:
                 lines.append(f"✓ {name} ({duration(self.clock.took[name])})")
@@ -225,7 +234,8 @@ class _JobDialog(QDialog):
                 left = f", about {duration(eta)} left" if eta else ""
                 lines.append(f"<b>▶ {name} {done}/{total}{left}</b>")
             else:
-                lines.append(f"<span style='color:#888'>· {name}</span>")
+                guess = f" (about {duration(self.expected[name])})" if name in self.expected else ""
+                lines.append(f"<span style='color:#888'>· {name}{guess}</span>")
         self.stages.setText("<br>".join(lines))
 
     def _done(self, result) -> None:
@@ -341,7 +351,8 @@ class QuantizeDialog(_JobDialog):
             cost
             + "Stages: "
             + ", ".join(self.planned_stages())
-            + ". Each shows its progress and time left once it runs."
+            + ". Each shows its progress and time left once it runs"
+            + ("; a short probe of the model first estimates the total." if calibrated else ".")
         )
 
     def arguments(self) -> dict:
@@ -357,10 +368,17 @@ class QuantizeDialog(_JobDialog):
             force=self.force.isChecked(),
         )
 
-    def call(self, args, progress):
+    def call(self, args, progress, emit):
         from toolkit.quantize_job import quantize_to_artifact
 
-        return quantize_to_artifact(self.model, args.pop("precision"), args.pop("out"), progress=progress, **args)
+        return quantize_to_artifact(
+            self.model,
+            args.pop("precision"),
+            args.pop("out"),
+            progress=progress,
+            estimate=lambda est: emit("estimate", est),
+            **args,
+        )
 
     def summary(self, result) -> str:
         """What the run did: layers quantized, kept in float (the sensitive ones by name), skipped; the error of
@@ -435,7 +453,7 @@ class ExportDialog(_JobDialog):
             force=self.force.isChecked(),
         )
 
-    def call(self, args, progress):
+    def call(self, args, progress, emit):
         from toolkit.export import export_onnx
 
         return export_onnx(self.model, args.pop("precision"), args.pop("out"), progress=progress, **args)

@@ -470,7 +470,8 @@ def test_quantize_dialog_writes_artifact(qtbot, win, tiny_dir, tmp_path):
     d.precision.setCurrentText("int8")
     assert d.out.text().endswith(f"{tiny_dir.name}-int8")  # the default folder says what it holds
     assert (
-        "Stages: calibrate, reference outputs, scale search, sensitivity, quantize, stage errors, save"
+        "Stages: calibrate, reference outputs, scale search, sensitivity, quantize, stage errors, save. Each shows "
+        "its progress and time left once it runs; a short probe of the model first estimates the total."
         in d.stage.text()
     )
     d.out.setText(str(tmp_path / "q8"))
@@ -479,6 +480,9 @@ def test_quantize_dialog_writes_artifact(qtbot, win, tiny_dir, tmp_path):
     with qtbot.waitSignal(d.produced, timeout=WAIT * 3) as sig:
         d.run_button.click()
     assert Path(sig.args[0]) == tmp_path / "q8" and (tmp_path / "q8" / "manifest.json").is_file()
+    # the expected time up front (issue 40, item 3), from the probe: every long stage, each a positive finite time
+    assert set(d.expected) == set(d.planned_stages()) - {"save"}, d.expected
+    assert all(0 < t < float("inf") for t in d.expected.values()) and "Expected time: about " in d.stages.text()
     # every stage shown with its time, then a summary of what was kept and the stages' errors
     for stage in d.planned_stages():
         assert f"✓ {stage} (" in d.stages.text(), d.stages.text()

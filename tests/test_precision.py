@@ -2,7 +2,9 @@
 
 import copy
 import json
+import math
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -200,6 +202,18 @@ def test_cli_quantize(tiny_dir, tmp_path):
     assert r.returncode == 0, r.stderr
     assert "| int8 |" in r.stdout and "err gpt" in r.stdout
     assert "stages: calibrate, reference outputs, scale search, sensitivity, quantize, stage errors, save" in r.stderr
+    # the expected time, said before the long stages start, from a probe of this model: a positive time per stage
+    line = next(x for x in r.stderr.splitlines() if x.startswith("expected time: about "))
+    assert r.stderr.index(line) < r.stderr.index("calibrate: "), r.stderr
+    shares = re.findall(r"(calibrate|reference outputs|scale search|sensitivity|quantize|stage errors) (\d+) s", line)
+    assert [s for s, _ in shares] == [
+        "calibrate",
+        "reference outputs",
+        "scale search",
+        "sensitivity",
+        "quantize",
+        "stage errors",
+    ], line
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["calibration"]["sha256"] and list(manifest["layers"].values()).count("float (sensitive)") == 1
     r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
@@ -332,6 +346,33 @@ def test_quantize_reports_every_stage_and_records_its_source(tiny_dir, tmp_path,
         assert steps[-1][0] == steps[-1][1] and [d for d, _ in steps] == sorted(d for d, _ in steps), stage
     assert json.loads((out / "manifest.json").read_text())["source"] == str(Path(tiny_dir).resolve())
     assert out.stat().st_mode & 0o777 == 0o755
+
+
+def test_quantize_estimate_probes_the_model_and_scales_with_the_work(tiny_dir):
+    """Issue 40, item 3: the expected time comes from a probe of the actual model on its device, extrapolated: a
+    positive finite time for every long stage, in plan order, that grows with the texts, the steps and the layers."""
+    from toolkit.quantize_job import Probe, estimate_stages, extrapolate, plan_stages
+    from toolkit.synthesizer import load_model
+    from toolkit.textsets import load_text_set
+
+    stages = plan_stages("int4-g32", True, 1)
+    records = load_text_set(ROOT / "calibration_sets" / "smoke.jsonl", limit=4)
+    est = estimate_stages(load_model(tiny_dir), records, "int4-g32", stages, 96)
+    assert list(est) == [s for s in stages if s != "save"]
+    assert all(0 < t < math.inf for t in est.values()), est
+    # the extrapolation itself, on fixed costs: proportional where the work is
+    p = Probe(2, (0.5, 0.1), {"gpt": (0.2, 0.01), "decoder": (0.1, 0.01), "vocos": (0.1, 0.02)}, 0.01, 0.05, 100)
+    layers = {"gpt.a": 100, "decoder.b": 100, "vocos.c": 50}
+    one = extrapolate(p, stages, [2], 96, layers)
+    assert one["calibrate"] == pytest.approx(0.5 + 0.1 * 96)
+    assert one["reference outputs"] == pytest.approx(0.2 + 0.96 + 0.1 + 0.96 + 0.1 + 1.92)
+    two = extrapolate(p, stages, [2, 2], 96, layers)
+    for s in ("calibrate", "reference outputs", "stage errors", "sensitivity"):
+        assert two[s] > 1.9 * one[s], s  # twice the batches
+    short = extrapolate(p, stages, [2], 12, layers)
+    assert short["calibrate"] < one["calibrate"] / 4
+    more = extrapolate(p, stages, [2], 96, {**layers, "gpt.d": 100, "gpt.e": 100})
+    assert more["sensitivity"] > one["sensitivity"] and more["scale search"] > one["scale search"]
 
 
 def test_stage_clock_times_stages_and_gives_an_eta():

@@ -255,7 +255,7 @@ def cmd_info(a) -> int:
 
 
 def cmd_quantize(a) -> int:
-    from .quantize_job import calibration_texts, plan_stages, quantize_to_artifact
+    from .quantize_job import calibration_texts, describe_estimate, plan_stages, quantize_to_artifact
 
     limit = a.limit if a.limit is not None else calibration_texts(a.device)
     stages = plan_stages(a.precision, a.calib is not None, a.keep_sensitive, a.target_error, not a.no_awq)
@@ -280,6 +280,7 @@ def cmd_quantize(a) -> int:
         force=a.force,
         progress=progress_bar("quantize"),
         float_dtype=a.float_dtype,
+        estimate=lambda est: print(describe_estimate(est, a.device), file=sys.stderr, flush=True),
     )
     plan = report.plan
     print(f"wrote {out}")
