@@ -134,6 +134,14 @@ class MainWindow(QMainWindow):
         self.speaker_file = QPushButton("…")
         self.speaker_file.setToolTip("pick a .pt/.npy/.txt speaker file")
         self.speaker_file.clicked.connect(self.pick_speaker_file)
+        self.speaker_audio = QPushButton("from audio…")
+        self.speaker_audio.setToolTip(
+            "a speaker from a recording of a voice (0.5 to 30 s of WAV) and what it says, as ttsq speaker "
+            "from-audio makes it: a fitted speaker vector for a ttsq voice, the sample itself for a ChatTTS model"
+        )
+        self.speaker_audio.clicked.connect(lambda: self.speaker_from_audio())
+        # list entry -> (speaker string, its sample's transcript: a ChatTTS sample-audio speaker's, else None)
+        self.audio_speakers: dict[str, tuple[str, str | None]] = {}
         self.speaker_text = QLineEdit()
         self.speaker_text.setPlaceholderText("transcript of a sample-audio speaker")
         self.speaker_text.setToolTip(
@@ -182,6 +190,7 @@ class MainWindow(QMainWindow):
         row = QHBoxLayout()
         row.addWidget(self.speaker, 1)
         row.addWidget(self.speaker_file)
+        row.addWidget(self.speaker_audio)
         f.addRow("Speaker", row)
         f.addRow("Sample text", self.speaker_text)
         f.addRow("Seed", self.seed)
@@ -416,7 +425,7 @@ class MainWindow(QMainWindow):
             voices = workers.model_voices(self.source)  # recorded its voices: its source's
         self.speaker.blockSignals(True)
         self.speaker.clear()
-        self.speaker.addItems(["", *voices, "seed:7", "seed:42", "seed:1337"])
+        self.speaker.addItems(["", *voices, *self.audio_speakers, "seed:7", "seed:42", "seed:1337"])
         self.speaker.setCurrentText(current)
         self.speaker.blockSignals(False)
 
@@ -512,6 +521,9 @@ class MainWindow(QMainWindow):
 
         typed = self.speaker.currentText().strip() or None
         transcript = self.speaker_text.text().strip() or None
+        if typed in self.audio_speakers:  # an entry "from audio…" made: its string (and its sample's transcript)
+            typed, said = self.audio_speakers[typed]
+            transcript = transcript or said
         speaker = with_transcript(typed, transcript)  # a malformed speaker is an "Invalid settings" dialog now
         text = self.text.toPlainText().strip()
         label = self.artifact_label()
@@ -549,6 +561,47 @@ class MainWindow(QMainWindow):
             artifacts={label: self.model_path()} if label else {},
             noise_floor=self.noise_floor.isChecked(),
         )
+
+    def speaker_from_audio(self, wav: str | None = None, text: str | None = None) -> None:
+        """A speaker from a WAV and its transcript (toolkit.sample_speaker.speaker_from_file, as ttsq speaker
+        from-audio), made in a worker on the model the precisions run on; it joins the speaker list as
+        "from audio: NAME" and is picked."""
+        if self.busy():
+            return
+        if wav is None:
+            wav, _ = QFileDialog.getOpenFileName(self, "Speaker sample", str(Path.cwd()), "Audio (*.wav *.flac *.ogg)")
+            if not wav:
+                return
+        if text is None:
+            from PySide6.QtWidgets import QInputDialog
+
+            text, ok = QInputDialog.getText(self, "Speaker sample", f"What {Path(wav).name} says:")
+            if not ok:
+                return
+        model = self.source if self.source_known else self.model_path()  # a fit needs the FP32 model
+        device = self.device()
+        label = f"from audio: {Path(wav).name}"
+
+        def done(made: tuple[str, bool]) -> None:
+            line, sample = made
+            self.audio_speakers[label] = (line, text.strip() if sample else None)
+            self._refresh_speakers()
+            self.speaker.setCurrentText(label)
+            self.progress.setValue(1000)
+            self.progress_label.setText(f"speaker “{label}” added to the speaker list")
+
+        def make(emit, should_stop):
+            from toolkit.sample_speaker import speaker_from_file, speaker_string
+            from toolkit.speakers import SampleSpeaker
+
+            emit("progress", (0.1, f"{label}: reading the sample"))
+            spk = speaker_from_file(
+                wav, text, model, device=device, notice=lambda m: emit("progress", (0.3, f"{label}: {m}"))
+            )
+            return speaker_string(spk), isinstance(spk, SampleSpeaker)
+
+        self.progress.setValue(0)
+        self._run(make, "Could not make a speaker from the audio", done)
 
     def pick_speaker_file(self) -> None:
         path, _ = QFileDialog.getOpenFileName(self, "Speaker file", str(Path.cwd()), "Speakers (*.pt *.npy *.txt)")
@@ -869,6 +922,14 @@ class MainWindow(QMainWindow):
         self._refresh_precisions()
         self.set_precisions(s.value("precisions", ["fp32", "int8"], list) or ["fp32"])
         self.text.setPlainText(s.value("text", DEFAULT_TEXT))
+        import json
+
+        try:
+            made = json.loads(s.value("audio_speakers", "{}") or "{}")
+            self.audio_speakers = {k: (v[0], v[1]) for k, v in made.items()}
+        except (ValueError, TypeError, IndexError, AttributeError):  # a damaged setting: no such speakers
+            self.audio_speakers = {}
+        self._refresh_speakers()
         self.speaker.setCurrentText(s.value("speaker", ""))
         self.seed.setValue(int(s.value("seed", 0)))
         self.temperature.setValue(float(s.value("temperature", 0.3)))
@@ -907,6 +968,7 @@ class MainWindow(QMainWindow):
         s.setValue("precisions", self.checked_precisions())
         s.setValue("text", self.text.toPlainText())
         s.setValue("speaker", self.speaker.currentText())
+        s.setValue("audio_speakers", __import__("json").dumps(self.audio_speakers))
         for name in ("seed", "temperature", "top_p", "top_k", "max_steps"):
             s.setValue(name, getattr(self, name).value())
         s.setValue("dnsmos", self.dnsmos.isChecked())

@@ -421,6 +421,40 @@ def test_speaker_field_takes_strings_and_files(qtbot, win, tmp_path):
     assert win.error_box is not None and "sample-audio speaker" in win.error_box.text()
 
 
+@pytest.mark.skipif(shutil.which("espeak-ng") is None, reason="espeak-ng is not installed")
+def test_speaker_from_audio_joins_the_list_and_speaks(qtbot, win, tmp_path):
+    """Issue 40: "from audio…" makes a speaker from a WAV and its transcript (the library call behind ttsq speaker
+    from-audio): on the shipped voice a fitted vector, which joins the speaker list, is picked, synthesizes, and is
+    there again after a relaunch."""
+    import numpy as np
+
+    from toolkit.speakers import parse_speaker
+
+    said = "Good morning, the train leaves at nine."
+    wav = tmp_path / "sample.wav"
+    subprocess.run(["espeak-ng", "-w", str(wav), said], check=True, capture_output=True)
+    win.set_model(None)  # the shipped voice
+    win.speaker_from_audio(str(wav), said)
+    _wait_idle(qtbot, win)
+    assert win.error_box is None, win.error_box.text()
+    items = [win.speaker.itemText(i) for i in range(win.speaker.count())]
+    assert "from audio: sample.wav" in items and "m1" in items
+    assert win.speaker.currentText() == "from audio: sample.wav"
+    job = win.make_job()
+    vec = parse_speaker(job.speaker)
+    assert isinstance(vec, np.ndarray) and vec.shape == (256,) and np.isfinite(vec).all()
+    win.synthesize()
+    _wait_idle(qtbot, win)
+    assert win.error_box is None, win.error_box.text()
+    assert win.results["fp32"]["wav"].size > 0 and win.job.speaker == job.speaker
+    win.close()
+    w2 = __import__("gui.window", fromlist=["MainWindow"]).MainWindow(
+        QSettings(str(tmp_path / "gui.ini"), QSettings.IniFormat)
+    )
+    qtbot.addWidget(w2)
+    assert w2.speaker.currentText() == "from audio: sample.wav" and w2.make_job().speaker == job.speaker
+
+
 def test_bad_model_path_shows_dialog(qtbot, win):
     win.set_model("/no/such/model")
     assert "not found" in win.model_info.text()

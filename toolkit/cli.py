@@ -141,31 +141,28 @@ def cmd_speaker_sample(a) -> int:
 
 
 def cmd_speaker_from_audio(a) -> int:
-    from .checkpoint import load_dvae_encoder
     from .fileio import OutputExistsError
-    from .prompt import reads_audio_prompts
-    from .sample_speaker import FitSettings, read_sample, speaker_from_audio
-    from .speakers import SampleSpeaker, encode_vector
-    from .synthesizer import DEFAULT_MODEL, load_model, resolve_device
+    from .sample_speaker import FitSettings, speaker_from_file, speaker_string
+    from .speakers import SampleSpeaker
 
     if a.out and Path(a.out).exists() and not a.force:
         raise OutputExistsError(f"{a.out} already exists; pass --force to overwrite it, or choose another path")
-    root = Path(a.model) if a.model else DEFAULT_MODEL
-    device = resolve_device(a.device)
-    model = load_model(root).to(device)
-    wav = read_sample(a.wav, model.sample_rate)
-    encoder = load_dvae_encoder(Path(a.encoder) if a.encoder else root, model.cfg).to(device)
-    if not reads_audio_prompts(model):
-        print(f"fitting a speaker vector to the sample ({a.steps} steps)...", file=sys.stderr, flush=True)
-    spk = speaker_from_audio(model, encoder, wav, a.text, FitSettings(steps=a.steps))
+    spk = speaker_from_file(
+        a.wav,
+        a.text,
+        a.model,
+        device=a.device,
+        encoder=a.encoder,
+        settings=FitSettings(steps=a.steps),
+        notice=lambda m: print(m, file=sys.stderr, flush=True),
+    )
+    line = speaker_string(spk)
     if isinstance(spk, SampleSpeaker):
-        line = spk.to_string()
         hint = (
             f"a sample-audio speaker ({spk.codes.shape[1]} code frames): synthesize with --speaker STRING "
             "--speaker-text TRANSCRIPT"
         )
     else:
-        line = encode_vector(spk)
         hint = f"a speaker vector ({len(spk)} values) fitted to the sample: synthesize with --speaker STRING"
     if a.out:
         from .fileio import atomic_write_bytes

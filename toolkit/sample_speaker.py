@@ -93,6 +93,40 @@ def speaker_from_audio(
     return fit_vector(model, sample_codes(encoder, trim(wav, model.sample_rate)), text, settings or FitSettings())
 
 
+def speaker_from_file(
+    wav: str | Path,
+    text: str,
+    model: str | Path | None = None,
+    *,
+    device: str | None = "cpu",
+    encoder: str | Path | None = None,
+    settings: FitSettings | None = None,
+    notice=None,
+) -> SampleSpeaker | np.ndarray:
+    """`ttsq speaker from-audio` as a call: the model (None: the shipped voice) and its DVAE encoder (or
+    `encoder`) loaded on `device`, the WAV read and resampled, then speaker_from_audio. notice(message) is told
+    before a vector fit, the slow part."""
+    from .checkpoint import load_dvae_encoder
+    from .synthesizer import DEFAULT_MODEL, load_model, resolve_device
+
+    root = Path(model) if model else DEFAULT_MODEL
+    dev = resolve_device(device)
+    tts = load_model(root).to(dev)
+    samples = read_sample(wav, tts.sample_rate)
+    enc = load_dvae_encoder(Path(encoder) if encoder else root, tts.cfg).to(dev)
+    settings = settings or FitSettings()
+    if notice is not None and not reads_audio_prompts(tts):
+        notice(f"fitting a speaker vector to the sample ({settings.steps} steps)...")
+    return speaker_from_audio(tts, enc, samples, text, settings)
+
+
+def speaker_string(spk: SampleSpeaker | np.ndarray) -> str:
+    """The speaker string of speaker_from_audio's result (what --speaker takes)."""
+    from .speakers import encode_vector
+
+    return spk.to_string() if isinstance(spk, SampleSpeaker) else encode_vector(spk)
+
+
 def fit_vector(model: TTSModel, codes: np.ndarray, text: str, settings: FitSettings) -> np.ndarray:
     """The speaker vector that maximises the teacher-forced likelihood of `codes` (Q, T), then EOS, after the prompt
     for `text`. Starts from the model's voices' mean direction (or spk_stat's mean), optimised with Adam."""
