@@ -16,6 +16,11 @@ from pathlib import Path
 RID = "gui-001"  # the one sentence of a GUI comparison
 
 
+def is_reference(res: dict) -> bool:
+    """The FP32 row of its model, which the other rows of that model are compared with."""
+    return res.get("precision", res["name"]) == "fp32"
+
+
 def measure_noise_floor(job, reference_utt, emit=None, should_stop=None, synth=None) -> dict:
     """FP32 at seed+1 vs FP32 at seed, via evaluation.runner.noise_floor. synth: job.model's FP32 Synthesizer, if
     one is loaded. -> {"floor": CIs, "per": {RID: DTW-MCD}, "utt": the seed+1 Utterance}."""
@@ -45,7 +50,7 @@ def verdict(res: dict, ref: dict | None, floor: dict | None) -> dict:
     it: within_noise_floor, gap_vs_noise_floor_db, asr_gap_vs_fp32 (evaluation.runner's functions, one sentence)."""
     from evaluation.runner import asr_verdict, floor_verdict
 
-    is_ref = res["name"] == "fp32"
+    is_ref = is_reference(res)
     floor_mcd = (floor or {}).get("per", {}).get(RID)
     pairs = [(res["mcd_db"], floor_mcd)] if res["mcd_db"] is not None and floor_mcd is not None else []
     out = floor_verdict(pairs, is_ref)
@@ -57,16 +62,21 @@ def verdict(res: dict, ref: dict | None, floor: dict | None) -> dict:
     return out
 
 
-def build_report(job, results: list[dict], floor: dict | None) -> tuple[dict, dict]:
-    """-> (report, utts) for evaluation.report.write_report."""
+def build_report(
+    job, results: list[dict], floor: dict | None, floors: dict[str, dict] | None = None
+) -> tuple[dict, dict]:
+    """-> (report, utts) for evaluation.report.write_report. The rows of a model added to the comparison (their
+    "group") are compared with that model's own FP32 and noise floor (`floors` by group), not the first model's."""
     import torch
 
     from evaluation import asr, metrics
     from evaluation.runner import asr_counts, ci
 
-    ref = next((r for r in results if r["name"] == "fp32"), None)
+    refs = {r.get("group", ""): r for r in results if is_reference(r)}
+    floors = {**(floors or {}), "": floor}
     precisions = {}
     for r in results:
+        ref = refs.get(r.get("group", ""))
         dur_ratio = r["duration_s"] / max(ref["duration_s"], 1e-9) if ref else None
         t = r["timings"]
         perf = {
@@ -105,7 +115,7 @@ def build_report(job, results: list[dict], floor: dict | None) -> tuple[dict, di
             },
             "per_sentence": per_sentence,
         }
-        precisions[r["name"]] = {**res, **verdict(r, ref, floor)}
+        precisions[r["name"]] = {**res, **verdict(r, ref, floors.get(r.get("group", "")))}
     device = results[0]["device"] if results else job.device
     report = {
         "schema": "ttsq-eval/1",
@@ -131,9 +141,16 @@ def build_report(job, results: list[dict], floor: dict | None) -> tuple[dict, di
 
 
 def save_report(
-    job, results: list[dict], out: str | Path, emit=None, should_stop=None, floor: dict | None = None
+    job,
+    results: list[dict],
+    out: str | Path,
+    emit=None,
+    should_stop=None,
+    floor: dict | None = None,
+    floors: dict[str, dict] | None = None,
 ) -> Path:
-    """floor: the noise floor the window already measured (measure_noise_floor's dict); measured here otherwise."""
+    """floor: the noise floor the window already measured (measure_noise_floor's dict); measured here otherwise.
+    floors: those of the models added to the comparison, by group (build_report)."""
     from evaluation.report import write_report
 
     ref = next((r for r in results if r["name"] == "fp32"), None)
@@ -141,5 +158,5 @@ def save_report(
         floor = measure_noise_floor(job, ref["utt"], emit, should_stop)
     if emit:
         emit("progress", (0.7, "writing report"))
-    report, utts = build_report(job, results, floor)
+    report, utts = build_report(job, results, floor, floors)
     return write_report(report, utts, out)

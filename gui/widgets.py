@@ -254,16 +254,21 @@ class ComparisonTable(QTableWidget):
             self.setItem(row, c, item)
         self._hide_empty()
 
-    def set_verdict(self, name: str, verdict: dict | None, floor: dict | None) -> None:
-        """The "vs floor" cell of a row: gui.report.verdict's outcome, or – without a noise floor."""
+    def set_verdict(
+        self, name: str, verdict: dict | None, floor: dict | None, reference: bool = False, note: str = ""
+    ) -> None:
+        """The "vs floor" cell of a row: gui.report.verdict's outcome, or – without a noise floor. reference: the
+        row is its model's FP32; note: why the row has no FP32 of its own model to compare with (then "n/c")."""
         row = self.row_of(name)
         if row < 0:
             return
         text, tip, color = "–", "no noise floor: tick “noise floor” and synthesize", None
-        if verdict is not None:
+        if note:
+            text, tip, color = "n/c", note, "#7f7f7f"
+        elif verdict is not None:
             gap = verdict.get("gap_vs_noise_floor_db")
             wer = verdict.get("asr_gap_vs_fp32")
-            if name == "fp32":
+            if reference:
                 text, tip = "reference", ""
             elif gap is None and wer is None:
                 text, tip = "–", "no FP32 MCD or WER to compare with"
@@ -298,6 +303,12 @@ class ComparisonTable(QTableWidget):
                 c,
                 not any(self.item(r, c) is not None and self.item(r, c).text() != "–" for r in range(self.rowCount())),
             )
+
+    def remove_result(self, name: str) -> None:
+        row = self.row_of(name)
+        if row >= 0:
+            self.removeRow(row)
+        self._hide_empty()
 
     def clear_results(self) -> None:
         self.setRowCount(0)
@@ -431,6 +442,13 @@ class LatencyQualityChart(QChartView):
             self.ax_y.setRange(0, max(ys) * 1.15 or 1)
             self.ax_x.applyNiceNumbers()
             self.ax_y.applyNiceNumbers()
+
+    def remove_result(self, name: str) -> None:
+        self.results.pop(name, None)
+        s = self.series.pop(name, None)
+        if s is not None:
+            self.chart().removeSeries(s)
+        self._plot()
 
     def clear_results(self) -> None:
         for s in self.series.values():

@@ -67,7 +67,10 @@ class MainWindow(QMainWindow):
         self.worker: workers.Worker | None = None
         self.job: workers.SynthJob | None = None
         self.results: dict[str, dict] = {}  # row label -> result (workers.synthesize_precisions)
-        self.floor: dict | None = None  # FP32 at seed + 1 against FP32 at seed, for this comparison
+        # FP32 at seed + 1 against FP32 at seed, for this comparison: by group ("" the window's model, else the name
+        # of a model added to the comparison, see other_models)
+        self.floors: dict[str, dict] = {}
+        self.other_models: dict[str, str | None] = {}  # models added to the comparison: group name -> path
         self.key: tuple | None = None
         self.error_box: QMessageBox | None = None
         self.warnings: list[str] = []
@@ -118,6 +121,26 @@ class MainWindow(QMainWindow):
         f.addRow(row)
         f.addRow(self.model_info)
         f.addRow("Device", self.device_combo)
+        self.others = QListWidget()
+        self.others.setMaximumHeight(60)
+        self.others.setToolTip(
+            "other models in the comparison (a model folder, an artifact or an ONNX export): each runs the "
+            "ticked precisions (an artifact or ONNX folder runs as it is, beside its own source's), its rows named "
+            "after it and compared with its own FP32 and noise floor"
+        )
+        add_other = QPushButton("Add model…")
+        add_other.setToolTip("add another model to the comparison: its rows join the table, chart and A/B")
+        add_other.clicked.connect(lambda: self.add_other())
+        self.remove_other_button = QPushButton("Remove")
+        self.remove_other_button.setToolTip("take the selected model, and its rows, out of the comparison")
+        self.remove_other_button.clicked.connect(lambda: self.remove_other())
+        f.addRow(QLabel("Also compare:"))
+        f.addRow(self.others)
+        row = QHBoxLayout()
+        row.addWidget(add_other)
+        row.addWidget(self.remove_other_button)
+        row.addStretch(1)
+        f.addRow(row)
         prec_box = QGroupBox("Precisions")
         v = QVBoxLayout(prec_box)
         v.addWidget(self.precision_list)
@@ -474,6 +497,7 @@ class MainWindow(QMainWindow):
             w.setEnabled(have)
         self.save_wav_action.setEnabled(have)
         self.save_report_action.setEnabled(have and not busy)
+        self.remove_other_button.setEnabled(bool(self.other_models) and not busy)
         self.play_button.setText("Stop" if self.player.playing else "Play")
 
     def _pick_sample(self, index: int) -> None:
@@ -499,13 +523,16 @@ class MainWindow(QMainWindow):
         self.model_combo.setCurrentText(text)
 
     # ------------------------------------------------------------------------------------------- synthesis
-    def artifact_label(self) -> str | None:
-        """The row of the artifact or ONNX folder picked: its folder name (a precision's name gets a suffix)."""
-        if self.model_kind not in ("artifact", "onnx"):
+    def artifact_label(self, path: str | None = None, kind: str | None = None) -> str | None:
+        """The row of the artifact or ONNX folder picked (or of `path`, of that kind): its folder name (a precision's
+        name gets a suffix)."""
+        if path is None:
+            path, kind = self.model_path(), self.model_kind
+        if kind not in ("artifact", "onnx"):
             return None
         from toolkit.precision.recipes import RECIPES
 
-        name = Path(self.model_path()).name
+        name = Path(path).name
         return f"{name} (as is)" if name in RECIPES or name == "noise floor" else name
 
     def make_job(self) -> workers.SynthJob:
@@ -562,6 +589,106 @@ class MainWindow(QMainWindow):
             noise_floor=self.noise_floor.isChecked(),
         )
 
+    def make_jobs(self) -> list[workers.SynthJob]:
+        """make_job, then one job per model added to the comparison (other_models): the same sentence and
+        settings; the ticked precisions on that model (an artifact's or ONNX folder's: on its source, beside it run
+        as it is), its rows named after it. An artifact that does not name its source has no FP32 of its own: it
+        runs alone, marked not comparable."""
+        from dataclasses import replace
+
+        main = self.make_job()
+        jobs = [main]
+        for group, path in self.other_models.items():
+            kind, _ = workers.model_kind(path)
+            known, source, why = True, path, ""
+            if kind in ("artifact", "onnx"):
+                known, source, why = workers.source_of(path)
+            label = self.artifact_label(path, kind)
+            jobs.append(
+                replace(
+                    main,
+                    model=source if known else path,
+                    precisions=self.checked_precisions() if known else [],
+                    artifacts={label: path} if label else {},
+                    group=group,
+                    incomparable=""
+                    if known
+                    else f"not comparable: {why}, so there is no FP32 of its own to compare it with",
+                    key=(),
+                )
+            )
+        return jobs
+
+    def add_other(self, path: str | None = None) -> str | None:
+        """Adds a model (a folder; SHIPPED: the shipped voice) to the comparison; the next Synthesize runs it.
+        -> its group name (its rows' prefix), or None when it is refused (a dialog says why)."""
+        if path is None:
+            path = QFileDialog.getExistingDirectory(
+                self, "Another model to compare (ttsq, artifact, ChatTTS or ONNX folder)", str(Path.cwd())
+            )
+            if not path:
+                return None
+        model = None if path == SHIPPED else path
+        kind, desc = workers.model_kind(model)
+        if kind in ("missing", "invalid"):
+            self.show_error("Cannot add this model", desc)
+            return None
+        same = (Path(model).resolve() if model else None) == (
+            Path(self.model_path()).resolve() if self.model_path() else None
+        )
+        if same or model in self.other_models.values():
+            self.show_error("Cannot add this model", f"{path} is in the comparison already")
+            return None
+        base = Path(model).name if model else SHIPPED
+        group, n = base, 2
+        while group in self.other_models or group in ("", workers.FP32):
+            group, n = f"{base} ({n})", n + 1
+        self.other_models[group] = model
+        it = QListWidgetItem(f"{group}: {desc}")
+        it.setData(Qt.UserRole, group)
+        it.setToolTip(model or SHIPPED)
+        self.others.addItem(it)
+        self.others.setCurrentItem(it)
+        self.statusBar().showMessage(f"{group} joins the comparison: Synthesize runs it", 15000)
+        self._update_buttons()
+        return group
+
+    def remove_other(self, group: str | None = None) -> None:
+        """Takes a model added to the comparison (the selected one) out of it, with its rows."""
+        if group is None:
+            it = self.others.currentItem()
+            if it is None:
+                return
+            group = it.data(Qt.UserRole)
+        if group not in self.other_models or self.busy():
+            return
+        del self.other_models[group]
+        for i in range(self.others.count()):
+            if self.others.item(i).data(Qt.UserRole) == group:
+                self.others.takeItem(i)
+                break
+        self.floors.pop(group, None)
+        for name in [n for n, r in self.results.items() if r.get("group") == group]:
+            self._remove_result(name)
+        self._update_buttons()
+
+    def _remove_result(self, name: str) -> None:
+        if self.player.playing and self.current_name() == name:
+            self.player.stop()
+        del self.results[name]
+        self.table.remove_result(name)
+        self.chart.remove_result(name)
+        for i in range(self.tabs.count()):
+            if self.tabs.tabText(i) == name:
+                w = self.tabs.widget(i)
+                self.tabs.removeTab(i)
+                w.deleteLater()
+                break
+        if not self.results:
+            self.tabs.addTab(self.placeholder, "no results")
+        for combo in (self.a_combo, self.b_combo):
+            combo.removeItem(combo.findText(name))
+
     def speaker_from_audio(self, wav: str | None = None, text: str | None = None) -> None:
         """A speaker from a WAV and its transcript (toolkit.sample_speaker.speaker_from_file, as ttsq speaker
         from-audio), made in a worker on the model the precisions run on; it joins the speaker list as
@@ -612,33 +739,41 @@ class MainWindow(QMainWindow):
         if self.busy():
             return
         try:
-            job = self.make_job()
+            jobs = self.make_jobs()
         except ValueError as e:
             self.show_error("Invalid settings", str(e))
             return
+        job = jobs[0]
         if job.key != self.key:  # another sentence, setting or source model: a new comparison
             self.clear_results()
             self.key = job.key
         # what this comparison already has is kept, not measured again (Clear results measures it all again)
         asked = job.precisions + list(job.artifacts)
-        job.precisions = [p for p in job.precisions if p not in self.results]
-        job.artifacts = {k: v for k, v in job.artifacts.items() if self.results.get(k, {}).get("model") != v}
-        job.noise_floor = job.noise_floor and self.floor is None
-        if asked and not job.precisions and not job.artifacts and not job.noise_floor:
+        for j in jobs:
+            j.precisions = [p for p in j.precisions if workers.row_name(j.group, p) not in self.results]
+            j.artifacts = {
+                k: v
+                for k, v in j.artifacts.items()
+                if self.results.get(workers.row_name(j.group, k), {}).get("model") != v
+            }
+            j.noise_floor = j.noise_floor and j.group not in self.floors
+            ref = self.results.get(workers.row_name(j.group, workers.FP32))
+            j.reference = ref["utt"] if ref else None
+        others = [j for j in jobs[1:] if j.precisions or j.artifacts]  # an added model runs what it lacks
+        if asked and not job.precisions and not job.artifacts and not job.noise_floor and not others:
             self.progress_label.setText(
                 "nothing new to run: every row ticked has its result for this sentence and "
                 "these settings (Run ▸ Clear results measures them again)"
             )
             return
-        ref = self.results.get(workers.FP32)
-        job.reference = ref["utt"] if ref else None
+        jobs = ([job] if job.precisions or job.artifacts or job.noise_floor or not others else []) + others
         self.job = job
         self.warnings = []
         self._show_warnings()
         self._save_settings()
         self.progress.setValue(0)
         self.progress_label.setText("starting…")
-        self._run(lambda emit, stop: workers.synthesize_precisions(job, emit, stop), "Synthesis failed")
+        self._run(lambda emit, stop: workers.synthesize_groups(jobs, emit, stop), "Synthesis failed")
 
     def _run(self, fn, error_title: str, on_done=None) -> None:
         self.worker = workers.Worker(fn)
@@ -703,19 +838,32 @@ class MainWindow(QMainWindow):
                 )
             )
 
+    @property
+    def floor(self) -> dict | None:
+        """The noise floor of the window's model in this comparison."""
+        return self.floors.get("")
+
     def set_floor(self, floor: dict) -> None:
-        """The noise floor of this comparison: a band on the chart and the table's verdict column."""
-        self.floor = floor
-        ref = self.results.get(workers.FP32)
-        self.chart.set_floor(floor, ref)
+        """A noise floor of this comparison: the window's model's is a band on the chart; each model's floor gives
+        its own rows' verdicts in the table."""
+        group = floor.get("group", "")
+        self.floors[group] = floor
+        if not group:
+            self.chart.set_floor(floor, self.results.get(workers.FP32))
         self._refresh_verdicts()
 
     def _refresh_verdicts(self) -> None:
         from . import report
 
-        ref = self.results.get(workers.FP32)
         for name, res in self.results.items():
-            self.table.set_verdict(name, report.verdict(res, ref, self.floor) if self.floor else None, self.floor)
+            group = res.get("group", "")
+            floor = self.floors.get(group)
+            if not res.get("comparable", True):
+                self.table.set_verdict(name, None, None, note=res.get("mcd_note", ""))
+                continue
+            ref = self.results.get(workers.row_name(group, workers.FP32))
+            verdict = report.verdict(res, ref, floor) if floor else None
+            self.table.set_verdict(name, verdict, floor, reference=report.is_reference(res))
 
     def add_result(self, res: dict) -> None:
         new = res["name"] not in self.results
@@ -746,7 +894,7 @@ class MainWindow(QMainWindow):
     def clear_results(self) -> None:
         self.player.stop()
         self.results.clear()
-        self.floor = None
+        self.floors.clear()
         self.key = None
         self.table.clear_results()
         self.chart.clear_results()
@@ -863,6 +1011,7 @@ class MainWindow(QMainWindow):
         ref = self.results.get(workers.FP32)
         job = replace(self.job, model=ref["model"] if ref else self.job.model)  # the noise floor is FP32's model's
         floor = self.floor
+        floors = {g: f for g, f in self.floors.items() if g}
 
         def done(path):
             self.progress.setValue(1000)
@@ -870,7 +1019,7 @@ class MainWindow(QMainWindow):
             self.statusBar().showMessage(f"report saved to {path}", 15000)
 
         self._run(
-            lambda emit, stop: report.save_report(job, results, folder, emit, stop, floor),
+            lambda emit, stop: report.save_report(job, results, folder, emit, stop, floor, floors),
             "Could not save the report",
             done,
         )

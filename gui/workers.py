@@ -133,6 +133,29 @@ class SynthJob:
     key: tuple = field(default_factory=tuple)
     artifacts: dict[str, str] = field(default_factory=dict)  # {row label: quantized artifact or ONNX folder}, as is
     noise_floor: bool = False  # also FP32 at seed + 1, scored against FP32 at seed: sampling's own spread
+    group: str = ""  # another model added to the comparison: its name, which prefixes its rows (row_name)
+    incomparable: str = ""  # why this group has no FP32 of its own to compare with (its rows say so)
+
+
+def row_name(group: str, name: str) -> str:
+    """A row's label: the precision (or artifact) name, after its model's name for a model added to the comparison."""
+    return f"{group} · {name}" if group else name
+
+
+def synthesize_groups(jobs: list[SynthJob], emit, should_stop) -> list[dict]:
+    """synthesize_precisions for each job in turn (the window's model, then each model added to the comparison),
+    with one progress bar over them all."""
+    out = []
+    for i, job in enumerate(jobs):
+
+        def scaled(kind, payload=None, i=i):
+            if kind == "progress":
+                frac, label = payload
+                payload = ((i + frac) / len(jobs), label)
+            emit(kind, payload)
+
+        out += synthesize_precisions(job, scaled, should_stop)
+    return out
 
 
 class Intelligibility:
@@ -333,9 +356,10 @@ def synthesize_precisions(job: SynthJob, emit, should_stop) -> list[dict]:
     reference = job.reference
     results = []
     floor_later = job.noise_floor and FP32 not in ordered and job.reference is not None  # FP32 from an earlier run
-    for i, (name, folder) in enumerate(runs):
+    for i, (precision, folder) in enumerate(runs):
         if should_stop():
             raise InterruptedError
+        name = row_name(job.group, precision)
         step(i, 0, f"{name}: loading")
         if folder is not None and model_kind(folder)[0] == "onnx":
             synth, size = _load_onnx(folder, job.device), _folder_bytes(Path(folder))
@@ -346,7 +370,7 @@ def synthesize_precisions(job: SynthJob, emit, should_stop) -> list[dict]:
                 base = load_model(job.model, "cpu")
             last = i == len(ordered) - 1 and not floor_later  # a recipe changes the model in place
             model = base if last else copy.deepcopy(base)
-            synth = Synthesizer(model, job.device, None if name == FP32 else name)
+            synth = Synthesizer(model, job.device, None if precision == FP32 else precision)
             size = state_bytes(synth.model)
         dev = synth.device
         step(i, 1, f"{name}: warm-up")
@@ -388,6 +412,8 @@ def synthesize_precisions(job: SynthJob, emit, should_stop) -> list[dict]:
         step(i, 4, f"{name}: scoring")
         res = {
             "name": name,
+            "precision": precision,
+            "group": job.group,
             "recipe": synth.precision,
             "utt": utt,
             "wav": utt.wav,
@@ -415,12 +441,15 @@ def synthesize_precisions(job: SynthJob, emit, should_stop) -> list[dict]:
             "asr_settings": None,
         }
         _score(res, reference, job.dnsmos)
+        if reference is None and job.incomparable:
+            res["mcd_note"] = job.incomparable
+        res["comparable"] = not job.incomparable
         _score_asr(res, spoken_text(job), asr)
-        if name == FP32:
+        if precision == FP32:
             reference = utt
         results.append(res)
         emit("result", res)
-        if name == FP32 and job.noise_floor:
+        if precision == FP32 and job.noise_floor:
             _noise_floor(job, synth, utt, asr, emit, should_stop, lambda label: step(len(runs), 0, label))
         del synth
         if dev.type == "cuda":
@@ -438,8 +467,9 @@ def _noise_floor(job: SynthJob, synth, reference, asr, emit, should_stop, say) -
     two equally good renditions of this sentence are, so that a precision's gap to FP32 can be read against it."""
     from . import report
 
-    say(f"fp32 at seed {job.seed + 1}: noise floor")
-    with _warnings_as_events(emit, f"fp32 at seed {job.seed + 1}"):
+    fp32 = row_name(job.group, f"fp32 at seed {job.seed + 1}")
+    say(f"{fp32}: noise floor")
+    with _warnings_as_events(emit, fp32):
         floor = report.measure_noise_floor(job, reference, should_stop=should_stop, synth=synth)
     res = {
         "name": "noise floor",
@@ -459,6 +489,7 @@ def _noise_floor(job: SynthJob, synth, reference, asr, emit, should_stop, say) -
         dnsmos_ovrl=res["dnsmos_ovrl"],
         asr_rate=res["asr_rate"],
         asr=res["asr"],
+        group=job.group,
     )
     emit("floor", floor)
 
@@ -467,10 +498,12 @@ def _score(res: dict, reference, with_dnsmos: bool) -> None:
     """MCD (DTW, SPTK settings) against the FP32 utterance of the same sentence, and DNSMOS: evaluation.metrics."""
     from evaluation import metrics
 
+    from .report import is_reference
+
     sr = res["sample_rate"]
     if res["name"] == "noise floor":
         pass
-    elif res["name"] == FP32:
+    elif is_reference(res):
         res["mcd_db"], res["mcd_note"] = 0.0, "the reference"
     elif reference is None:
         res["mcd_note"] = "no FP32 result for this sentence: tick fp32 in the Precisions list to compare"

@@ -176,6 +176,85 @@ def test_artifact_is_compared_with_its_source_fp32(qtbot, win, tiny_dir, tiny_ar
     assert w2.make_job().artifacts == {"tiny-q8": str(tiny_artifact)}
 
 
+def test_another_model_joins_the_comparison_and_leaves(qtbot, win, tiny_artifact, tmp_path):
+    """Issue 40, item 4: an unrelated model added to the comparison runs beside the first; its rows are named after
+    it, compared with its own FP32 and noise floor, plotted, and offered to the A/B boxes; an artifact that names no
+    source is marked not comparable; removing a model takes its rows away and leaves the others."""
+    import json
+
+    from conftest import make_tiny_model
+
+    from evaluation import metrics
+    from toolkit.checkpoint import save_ttsq
+
+    other = save_ttsq(make_tiny_model(tmp_path / "src", seed=1), tmp_path / "other-model")  # other weights
+    win.set_precisions(["fp32", "int8"])
+    win.noise_floor.setChecked(True)
+    assert win.add_other(str(other)) == "other-model"
+    assert win.add_other(str(other)) is None and "already" in win.error_box.text()  # once only
+    win.error_box = None
+    win.synthesize()
+    _wait_idle(qtbot, win)
+    assert win.error_box is None, win.error_box.text()
+    rows = ["fp32", "int8", "other-model · fp32", "other-model · int8"]
+    assert list(win.results) == rows
+    assert [win.table.item(r, 0).text() for r in range(win.table.rowCount())] == rows
+    assert win.results["other-model · int8"]["model"] == str(other)
+    assert str(other) in _cell(win, 3, "precision").toolTip()
+    # each model against its own FP32: the added model's int8 MCD is to its own FP32's audio
+    mine, theirs = win.results["other-model · fp32"], win.results["other-model · int8"]
+    assert _cell(win, 2, "MCD dB").text() == "0.00"
+    assert theirs["mcd_db"] == pytest.approx(metrics.mcd(mine["wav"], theirs["wav"], mine["sample_rate"]).value_db)
+    # and its own noise floor: FP32 of that model at the second seed
+    assert set(win.floors) == {"", "other-model"} and win.floors["other-model"]["mcd_db"] > 0
+    assert win.floors["other-model"]["mcd_db"] != win.floor["mcd_db"]
+    assert _cell(win, 2, "vs floor").text() == "reference"
+    within = theirs["mcd_db"] <= win.floors["other-model"]["mcd_db"]  # the ASR is off here
+    assert _cell(win, 3, "vs floor").text() == ("within" if within else "outside")
+    assert f"MCD {win.floors['other-model']['mcd_db']:.2f} dB" in _cell(win, 3, "vs floor").toolTip()
+    win.chart_axis.setCurrentText("MCD vs FP32")
+    assert set(win.chart.points) == set(rows)
+    assert win.chart.series["other-model · int8"].pointLabelsFormat() == "other-model · int8"
+    # A/B picks clips of either model
+    for combo in (win.a_combo, win.b_combo):
+        assert [combo.itemText(i) for i in range(combo.count())] == rows
+    win.a_combo.setCurrentText("int8")
+    win.b_combo.setCurrentText("other-model · int8")
+    win.ab_button.setChecked(True)
+    assert win.current_name() == "other-model · int8"
+    assert win.tabs.tabText(win.tabs.currentIndex()) == "other-model · int8"
+    win.ab_button.setChecked(False)
+    # an artifact that names no source model: it runs as it is, its row marked not comparable
+    orphan = tmp_path / "orphan-q8"
+    shutil.copytree(tiny_artifact, orphan)
+    manifest = json.loads((orphan / "manifest.json").read_text())
+    del manifest["source"]
+    (orphan / "manifest.json").write_text(json.dumps(manifest))
+    assert win.add_other(str(orphan)) == "orphan-q8"
+    fp32 = win.results["fp32"]
+    win.synthesize()
+    _wait_idle(qtbot, win)
+    assert win.error_box is None, win.error_box.text()
+    assert list(win.results) == rows + ["orphan-q8 · orphan-q8"] and win.results["fp32"] is fp32  # only it ran
+    r = win.table.row_of("orphan-q8 · orphan-q8")
+    assert _cell(win, r, "vs floor").text() == "n/c" and "not comparable" in _cell(win, r, "vs floor").toolTip()
+    assert _cell(win, r, "MCD dB").text() == "–" and "not comparable" in _cell(win, r, "MCD dB").toolTip()
+    # removing a model takes its rows, points, tabs, A/B entries and floor away, and nothing else
+    win.b_combo.setCurrentText("other-model · int8")
+    win.remove_other("other-model")
+    left = ["fp32", "int8", "orphan-q8 · orphan-q8"]
+    assert list(win.results) == left and set(win.floors) == {""}
+    assert [win.table.item(r, 0).text() for r in range(win.table.rowCount())] == left
+    assert set(win.chart.points) == {"fp32", "int8"} and "other-model · int8" not in win.chart.series
+    assert [win.tabs.tabText(i) for i in range(win.tabs.count())] == left
+    assert [win.b_combo.itemText(i) for i in range(win.b_combo.count())] == left
+    assert [win.others.item(i).text().split(":")[0] for i in range(win.others.count())] == ["orphan-q8"]
+    win.others.setCurrentRow(0)
+    win.remove_other()  # the selected one
+    assert list(win.results) == ["fp32", "int8"] and win.others.count() == 0
+    assert not win.remove_other_button.isEnabled()
+
+
 def test_noise_floor_band_verdict_labels_and_click(qtbot, win):
     """Issue 40, item 5: FP32 at a second seed gives the noise floor, a band on the chart and the table's verdict;
     points carry their names, and clicking one selects its row."""
