@@ -327,8 +327,8 @@ FLOOR_NAME = "noise floor"  # the band's legend; what it is, is in the chart's t
 class LatencyQualityChart(QChartView):
     """One scatter series per precision, labelled: x = real-time factor (lower is faster), y = the chosen quality
     metric (`set_axis`: WER/CER by default, MCD vs FP32 or DNSMOS). A result without that metric is not plotted.
-    The noise floor (`set_floor`) is a band: the values FP32 itself takes at two seeds. Clicking a point emits
-    `picked(name)`."""
+    The noise floor (`set_floor`) is a band: the values FP32 itself takes at two seeds, one per model compared (the
+    window's grey, an added model's tinted and named after it). Clicking a point emits `picked(name)`."""
 
     picked = Signal(str)
 
@@ -347,15 +347,16 @@ class LatencyQualityChart(QChartView):
         self.setMinimumSize(220, 200)
         self.setToolTip(
             "each precision at its real-time factor and quality; the grey band is the noise floor: the "
-            "values FP32 itself takes at two seeds. Click a point to pick its row"
+            "values FP32 itself takes at two seeds (a tinted one, an added model's own). Click a point to pick "
+            "its row"
         )
         self.series: dict[str, QScatterSeries] = {}
         self.points: dict[str, tuple[float, float]] = {}
         self.results: dict[str, dict] = {}  # kept so that another axis can be plotted without a new run
-        self.floor: dict | None = None
-        self.floor_ref: dict | None = None
-        self.band: tuple[float, float] | None = None  # the floor on the current axis (lo, hi)
-        self.band_series = None
+        # noise floors by group ("": the window's model; else a model added to the comparison): (floor, its FP32 row)
+        self.floors: dict[str, tuple[dict, dict | None]] = {}
+        self.bands: dict[str, tuple[float, float]] = {}  # each floor on the current axis (lo, hi)
+        self.band_series_of: dict[str, object] = {}
         self.axis = ""
         self.set_axis(QUALITY_AXES[0][1])
 
@@ -369,9 +370,22 @@ class LatencyQualityChart(QChartView):
         self.results[res["name"]] = res
         self._plot()
 
-    def set_floor(self, floor: dict | None, ref: dict | None) -> None:
-        self.floor, self.floor_ref = floor, ref
+    def set_floor(self, floor: dict | None, ref: dict | None, group: str = "") -> None:
+        """The noise floor of a group's FP32 (`ref`, its row); None removes it."""
+        if floor is None:
+            self.floors.pop(group, None)
+        else:
+            self.floors[group] = (floor, ref)
         self._plot()
+
+    @property
+    def band(self) -> tuple[float, float] | None:
+        """The window's model's floor on the current axis."""
+        return self.bands.get("")
+
+    @property
+    def band_series(self):
+        return self.band_series_of.get("")
 
     def _series(self, name: str) -> QScatterSeries:
         s = self.series.get(name)
@@ -392,10 +406,10 @@ class LatencyQualityChart(QChartView):
             self.series[name] = s
         return s
 
-    def floor_band(self) -> tuple[float, float] | None:
-        """(lo, hi) of the noise floor on the current axis: MCD from 0 (FP32 against itself) to FP32's MCD at the
-        second seed; WER/CER and DNSMOS between FP32's values at the two seeds."""
-        f, ref = self.floor, self.floor_ref
+    def floor_band(self, group: str = "") -> tuple[float, float] | None:
+        """(lo, hi) of a group's noise floor on the current axis: MCD from 0 (FP32 against itself) to FP32's MCD at
+        the second seed; WER/CER and DNSMOS between FP32's values at the two seeds."""
+        f, ref = self.floors.get(group, (None, None))
         if f is None:
             return None
         if self.axis == "mcd_db":
@@ -410,13 +424,12 @@ class LatencyQualityChart(QChartView):
         for name, s in self.series.items():
             s.clear()
             s.setVisible(name in self.points)
-        if self.band_series is not None:
-            self.chart().removeSeries(self.band_series)
-            self.band_series = None
-        self.band = self.floor_band()
+        for band in self.band_series_of.values():
+            self.chart().removeSeries(band)
+        self.band_series_of.clear()
+        self.bands = {g: b for g in self.floors if (b := self.floor_band(g)) is not None}
         xmax = max((p[0] for p in self.points.values()), default=1.0) * 1.15 or 1
-        if self.band is not None:
-            lo, hi = self.band
+        for k, (group, (lo, hi)) in enumerate(self.bands.items()):
             pad = max(hi - lo, 1e-3) * 0.02 if hi - lo < 1e-3 else 0.0  # equal values: a visible hairline
             upper, lower = QLineSeries(), QLineSeries()
             for x in (0.0, xmax * 10):  # wider than any range the axis takes
@@ -425,19 +438,20 @@ class LatencyQualityChart(QChartView):
             band = QAreaSeries(upper, lower)
             upper.setParent(band)
             lower.setParent(band)
-            band.setName(FLOOR_NAME)
-            band.setColor(QColor(120, 120, 120, 60))
-            band.setBorderColor(QColor(120, 120, 120, 120))
+            band.setName(f"{FLOOR_NAME} ({group})" if group else FLOOR_NAME)
+            tint = QColor(120, 120, 120) if not group else QColor(COLORS[(k + 4) % len(COLORS)])
+            band.setColor(QColor(tint.red(), tint.green(), tint.blue(), 50))
+            band.setBorderColor(QColor(tint.red(), tint.green(), tint.blue(), 120))
             self.chart().addSeries(band)
             band.attachAxis(self.ax_x)
             band.attachAxis(self.ax_y)
-            self.band_series = band
+            self.band_series_of[group] = band
         for name, (x, y) in self.points.items():
             s = self._series(name)
             s.append(QPointF(x, y))
             s.setVisible(True)
-        if self.points or self.band:
-            ys = [p[1] for p in self.points.values()] + list(self.band or ())
+        if self.points or self.bands:
+            ys = [p[1] for p in self.points.values()] + [v for b in self.bands.values() for v in b]
             self.ax_x.setRange(0, xmax)
             self.ax_y.setRange(0, max(ys) * 1.15 or 1)
             self.ax_x.applyNiceNumbers()
@@ -453,10 +467,11 @@ class LatencyQualityChart(QChartView):
     def clear_results(self) -> None:
         for s in self.series.values():
             self.chart().removeSeries(s)
-        if self.band_series is not None:
-            self.chart().removeSeries(self.band_series)
-        self.band_series = None
+        for band in self.band_series_of.values():
+            self.chart().removeSeries(band)
+        self.band_series_of.clear()
+        self.bands.clear()
         self.series.clear()
         self.points.clear()
         self.results.clear()
-        self.floor = self.floor_ref = None
+        self.floors.clear()

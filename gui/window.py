@@ -668,6 +668,7 @@ class MainWindow(QMainWindow):
                 self.others.takeItem(i)
                 break
         self.floors.pop(group, None)
+        self.chart.set_floor(None, None, group)
         for name in [n for n, r in self.results.items() if r.get("group") == group]:
             self._remove_result(name)
         self._update_buttons()
@@ -848,8 +849,7 @@ class MainWindow(QMainWindow):
         its own rows' verdicts in the table."""
         group = floor.get("group", "")
         self.floors[group] = floor
-        if not group:
-            self.chart.set_floor(floor, self.results.get(workers.FP32))
+        self.chart.set_floor(floor, self.results.get(workers.row_name(group, workers.FP32)), group)
         self._refresh_verdicts()
 
     def _refresh_verdicts(self) -> None:

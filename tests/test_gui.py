@@ -206,7 +206,8 @@ def test_another_model_joins_the_comparison_and_leaves(qtbot, win, tiny_artifact
     assert _cell(win, 2, "MCD dB").text() == "0.00"
     assert theirs["mcd_db"] == pytest.approx(metrics.mcd(mine["wav"], theirs["wav"], mine["sample_rate"]).value_db)
     # and its own noise floor: FP32 of that model at the second seed
-    assert set(win.floors) == {"", "other-model"} and win.floors["other-model"]["mcd_db"] > 0
+    mine_floor = win.floors["other-model"]["mcd_db"]
+    assert set(win.floors) == {"", "other-model"} and mine_floor > 0
     assert win.floors["other-model"]["mcd_db"] != win.floor["mcd_db"]
     assert _cell(win, 2, "vs floor").text() == "reference"
     within = theirs["mcd_db"] <= win.floors["other-model"]["mcd_db"]  # the ASR is off here
@@ -214,6 +215,11 @@ def test_another_model_joins_the_comparison_and_leaves(qtbot, win, tiny_artifact
     assert f"MCD {win.floors['other-model']['mcd_db']:.2f} dB" in _cell(win, 3, "vs floor").toolTip()
     win.chart_axis.setCurrentText("MCD vs FP32")
     assert set(win.chart.points) == set(rows)
+    bands = win.chart.bands  # each model's floor a band of its own
+    assert set(bands) == {"", "other-model"}
+    assert bands[""] == pytest.approx((0.0, win.floor["mcd_db"]))
+    assert bands["other-model"] == pytest.approx((0.0, mine_floor))
+    assert win.chart.band_series_of["other-model"].name() == "noise floor (other-model)"
     assert win.chart.series["other-model · int8"].pointLabelsFormat() == "other-model · int8"
     # A/B picks clips of either model
     for combo in (win.a_combo, win.b_combo):
@@ -246,6 +252,7 @@ def test_another_model_joins_the_comparison_and_leaves(qtbot, win, tiny_artifact
     assert list(win.results) == left and set(win.floors) == {""}
     assert [win.table.item(r, 0).text() for r in range(win.table.rowCount())] == left
     assert set(win.chart.points) == {"fp32", "int8"} and "other-model · int8" not in win.chart.series
+    assert set(win.chart.bands) == {""}
     assert [win.tabs.tabText(i) for i in range(win.tabs.count())] == left
     assert [win.b_combo.itemText(i) for i in range(win.b_combo.count())] == left
     assert [win.others.item(i).text().split(":")[0] for i in range(win.others.count())] == ["orphan-q8"]
