@@ -541,6 +541,29 @@ def test_speaker_from_audio_joins_the_list_and_speaks(qtbot, win, tmp_path):
     assert w2.speaker.currentText() == "from audio: sample.wav" and w2.make_job().speaker == job.speaker
 
 
+@pytest.mark.skipif(shutil.which("espeak-ng") is None, reason="espeak-ng is not installed")
+def test_speaker_from_audio_on_a_chattts_model_is_its_sample(qtbot, win, tmp_path):
+    """On a ChatTTS checkpoint "from audio…" gives a sample-audio speaker: the list entry carries the sample's
+    transcript into the synthesis, as --speaker-text does."""
+    from toolkit.speakers import SampleSpeaker
+
+    said = "Good morning, the train leaves at nine."
+    wav = tmp_path / "sample.wav"
+    subprocess.run(["espeak-ng", "-w", str(wav), said], check=True, capture_output=True)
+    win.set_model(str(ROOT / "tests" / "fixtures" / "chattts_tiny"))
+    assert win.model_kind == "chattts"
+    win.speaker_from_audio(str(wav), said)
+    _wait_idle(qtbot, win)
+    assert win.error_box is None, win.error_box.text()
+    assert win.speaker.currentText() == "from audio: sample.wav"
+    job = win.make_job()
+    assert isinstance(job.speaker, SampleSpeaker) and job.speaker.text == said and job.speaker.codes.shape[1] > 0
+    win.synthesize()
+    _wait_idle(qtbot, win)
+    assert win.error_box is None, win.error_box.text()
+    assert win.results["fp32"]["wav"].size > 0
+
+
 def test_bad_model_path_shows_dialog(qtbot, win):
     win.set_model("/no/such/model")
     assert "not found" in win.model_info.text()
