@@ -70,6 +70,9 @@ def serve(a) -> None:
         model, params = a.model, SamplingParams()
     synth = Synthesizer(model, a.device, a.precision, compile="block" if a.compile else False)
     scheduler = Scheduler(synth, slots=a.slots, max_queue=a.max_queue, params=params, max_chars=a.max_chars)
+    t0 = time.perf_counter()
+    captured = scheduler.warm_up()
+    print(f"warm-up: {captured} step graphs captured in {time.perf_counter() - t0:.1f} s", file=sys.stderr, flush=True)
     jobs = [scheduler.submit("Warm up the server.", seed=i) for i in range(min(a.slots, 4))]
     for job in jobs:
         for _ in job.events():

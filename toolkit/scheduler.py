@@ -9,9 +9,15 @@ reaches the cache's end every row shifts left by the oldest row's start.
 Each row samples with its own generator (seeded like `Engine.generate`'s batch of one), step counter and
 repetition history, and attention reads a cache length bucketed as the engine's: a request served alone yields the
 codes `Synthesizer.synthesize` yields at batch 1, and in company the same up to the float rounding of batched
-matmuls. Audio is rendered as it comes (toolkit.streaming), the rows due at a step in one batch. The text is split
-into sentences and seeded as `ttsq synth --batch-size 1` does (`Plan`); they run one after another in the request's
-row.
+matmuls. Audio is rendered as it comes (toolkit.streaming): every `chunk` steps all rows' new states in one batch,
+and a row's first audio as soon as its states allow. The text is split into sentences and seeded as
+`ttsq synth --batch-size 1` does (`Plan`); they run one after another in the request's row.
+
+A step reads and writes only fixed device buffers (each row's step counter, rope base and the write position live
+on the device; the states it samples from go to a ring per row that the renders read), so on CUDA it is captured as
+a CUDA graph per (batch bucket, cache bucket) and replayed: the active rows are padded to the next of a few batch
+sizes (the padding rows compute on free cache rows that no one reads). Requests admitted together are prefilled as
+one left-padded batch on CUDA.
 
     sched = Scheduler(Synthesizer(), slots=8)
     job = sched.submit("Hello there.", speaker="m1", seed=0)   # raises QueueFull when the queue is full
@@ -26,6 +32,7 @@ import math
 import queue
 import threading
 import time
+import warnings
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable, Iterator
@@ -34,12 +41,12 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from .engine import CACHE_BUCKET, NumericalError
+from .engine import CACHE_BUCKET, CaptureError, NumericalError, sync_device
 from .models.gpt import KVCache
 from .plan import Plan
 from .prompt import Voice, encode_prompts
 from .sampling import SamplingParams, sample_codes
-from .streaming import StreamRenderer, push_many
+from .streaming import StreamRenderer, finish_many, push_many
 from .synthesizer import OutOfMemory, Synthesizer, _is_out_of_memory
 
 
@@ -98,7 +105,7 @@ class _Row:
     T: int  # prompt length
     limit: int  # steps allowed for this sentence
     steps: int = 0
-    pending: list[Tensor] = field(default_factory=list)  # states (D,) not yet rendered
+    pending: int = 0  # states in the ring not yet rendered (they follow the renderer's own `steps`)
 
 
 class _CacheView(KVCache):
@@ -107,6 +114,12 @@ class _CacheView(KVCache):
     def __init__(self, k: Tensor, v: Tensor):
         nn.Module.__init__(self)
         self.k, self.v = k, v
+
+
+def batch_buckets(slots: int) -> list[int]:
+    """The batch sizes a step runs at (active rows padded up to the next): 1, 2, 4, multiples of 8, and slots."""
+    sizes = {b for b in (1, 2, 4) if b < slots} | set(range(8, slots, 8)) | {slots}
+    return sorted(sizes)
 
 
 class Scheduler:
@@ -121,11 +134,17 @@ class Scheduler:
         max_chars: int = 120,
         control_tokens: bool = False,
         cache_len: int | None = None,
+        graphs: bool | None = None,
+        batch_prefill: bool | None = None,
+        profile: bool = False,
     ):
         """slots: requests decoded together at most; max_queue: requests waiting for a slot at most (submit raises
-        QueueFull beyond). chunk: steps between renders of a row (and its noise draws, as in the engine).
+        QueueFull beyond). chunk: steps between renders (and a row's noise draws, as in the engine).
         cache_len: KV cache positions per row (default the model's max_positions; a sentence's prompt and steps
-        must fit in it)."""
+        must fit in it). graphs: replay each step as a CUDA graph at padded batch sizes (None: on CUDA where the
+        synthesizer's engine uses graphs). batch_prefill: prefill the requests admitted together as one batch
+        (None: on CUDA; elsewhere each alone, which gives synthesize()'s codes exactly). profile: sync the device
+        around prefill, step and render and add their seconds to `timings` (slower; for benchmarks)."""
         if slots < 1 or max_queue < 0:
             raise ValueError(f"slots must be >= 1 and max_queue >= 0, got {slots} and {max_queue}")
         self.synth, self.slots, self.max_queue, self.chunk = synth, slots, max_queue, chunk
@@ -136,6 +155,11 @@ class Scheduler:
         self.Q, self.V = cfg.num_vq, cfg.num_audio_tokens
         self.L = min(cache_len or cfg.max_positions, cfg.max_positions)
         dev, dtype = synth.device, gpt.norm.weight.dtype
+        cuda = dev.type == "cuda"
+        self.graphs = (cuda and synth.engine.cuda_graphs) if graphs is None else graphs
+        if self.graphs and not cuda:
+            raise ValueError(f"graphs=True needs a CUDA device, not {dev}")
+        self.batch_prefill = cuda if batch_prefill is None else batch_prefill
         shape = (slots, cfg.heads, self.L, cfg.head_dim)
         self.k = [torch.zeros(shape, dtype=dtype, device=dev) for _ in gpt.layers]
         self.v = [torch.zeros(shape, dtype=dtype, device=dev) for _ in gpt.layers]
@@ -146,12 +170,25 @@ class Scheduler:
         self.temperature = torch.tensor(self.params.temperatures(self.Q), device=dev).repeat(slots)
         self.noise = torch.ones(slots, chunk, self.Q, self.V, device=dev)
         self.min_new = torch.tensor(self.params.min_new_tokens, device=dev)
+        # the step's per-row state on the device, so that a step reads nothing from the host
+        self.R = 4 * chunk  # ring of the states each row sampled from, read by the renders (pending <= chunk)
+        self.ring = torch.zeros(slots, self.R, cfg.hidden, dtype=dtype, device=dev)
+        self.row_steps = torch.zeros(slots, dtype=torch.long, device=dev)  # steps of the row's sentence so far
+        self.rope_base = torch.zeros(slots, dtype=torch.long, device=dev)  # its prompt length
+        self.pos_d = torch.zeros((), dtype=torch.long, device=dev)
+        self.flags = torch.zeros(2, slots, dtype=torch.bool, device=dev)  # EOS sampled, logits not finite
+        self.rows_index = torch.arange(slots, device=dev)
+        self.buckets = batch_buckets(slots)
+        self._graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
+        self._pool = None  # one memory pool for every captured step (they never run at once)
         self.run_block = synth.engine._run_block  # compiled where the synthesizer's engine compiles
         self.rows: list[_Row] = []
         self.pos = 0  # the cache position every active row writes next
         self.waiting: deque[Job] = deque()
         self.steps_run = 0  # decode steps so far (each at the batch of that moment)
-        self.compactions = 0  # shifts of the cache (pos reached its end)
+        self.compactions = 0  # shifts of the cache (pos reached its end, or a shift lowers the cache bucket)
+        self.profile = profile
+        self.timings: dict[str, list[float]] = {}  # with profile: name -> [seconds, calls]
         self.completed: list[int] = []  # job ids in the order they ended (done, cancelled or failed)
         self._service_s = 1.0  # running mean of a job's time from admission to end, for Retry-After
         self._ids = itertools.count()
@@ -195,6 +232,24 @@ class Scheduler:
             self._cond.notify()
         return job
 
+    def warm_up(self, lengths: int | None = None) -> int:
+        """Capture the step's CUDA graphs now, for every batch bucket and the cache buckets up to `lengths` positions
+        (default the whole cache), so that no request waits for a capture; a no-op without graphs. Call it before
+        any request is submitted. -> graphs captured."""
+        if not self.graphs:
+            return 0
+        top = min(lengths or self.L, self.L)
+        sizes = sorted({min(b * CACHE_BUCKET, self.L) for b in range(1, -(-top // CACHE_BUCKET) + 1)})
+        with self._cond:  # the worker idles while nothing is submitted; this keeps it from starting meanwhile
+            if self.rows or self.waiting:
+                raise RuntimeError("warm_up() captures on an idle scheduler: call it before submitting requests")
+            before = len(self._graphs)
+            with torch.inference_mode():
+                for S in sizes:
+                    for nb in self.buckets:
+                        self._graph(nb, S)
+            return len(self._graphs) - before
+
     def retry_after(self) -> int:
         """Seconds until a queued request would likely get a slot: the waiting jobs' service, spread over slots."""
         return max(1, min(60, math.ceil(self._service_s * (len(self.waiting) + 1) / self.slots)))
@@ -218,11 +273,13 @@ class Scheduler:
                 if self._closing and not self.waiting and not self.rows:
                     return
                 admit = [self.waiting.popleft() for _ in range(min(len(self.waiting), self.slots - len(self.rows)))]
+            live = []
             for job in admit:
                 if job.cancelled:
                     self._end(job, "cancelled")
                 else:
-                    self._start(job, 0, len(self.rows))
+                    live.append(job)
+            self._start_many([(job, 0, None) for job in live])
             for i in reversed(range(len(self.rows))):  # leave at the step boundary
                 if self.rows[i].job.cancelled:
                     self._end(self.rows[i].job, "cancelled")
@@ -230,54 +287,133 @@ class Scheduler:
             if self.rows:
                 self._step_or_shed()
 
+    @contextlib.contextmanager
+    def _timed(self, name: str):
+        """With profile: the section's seconds, the device drained before and after, added to timings[name]."""
+        if not self.profile:
+            yield
+            return
+        sync_device(self.synth.device)
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            sync_device(self.synth.device)
+            t = self.timings.setdefault(name, [0.0, 0])
+            t[0] += time.perf_counter() - t0
+            t[1] += 1
+
     def _start(self, job: Job, sentence: int, row: int) -> bool:
         """Prefill `sentence` of `job` into cache row `row` (a new row when row == len(rows)). A failure ends the
         job alone (-> False; the caller frees an existing row)."""
         try:
-            with torch.inference_mode():
+            with torch.inference_mode(), self._timed("prefill"):
                 self._prefill(job, sentence, row)
             return True
         except Exception as e:  # noqa: BLE001 - this request fails, the others go on
             self._fail(job, e)
             return False
 
-    def _prefill(self, job: Job, sentence: int, row: int) -> None:
-        gpt, synth = self.gpt, self.synth
+    def _start_many(self, items: list[tuple[Job, int, int | None]]) -> list[bool]:
+        """Prefill sentence `sentence` of each (job, sentence, row) as one batch (row None: a new row); if that
+        fails, each alone, so that a failure ends only the request that caused it. -> whether each started."""
+        if len(items) > 1 and self.batch_prefill:
+            n = len(self.rows)
+            rows = [
+                n + sum(r is None for *_, r in items[:j]) if row is None else row for j, (*_, row) in enumerate(items)
+            ]
+            try:
+                with torch.inference_mode(), self._timed("prefill_batch"):
+                    self._prefill_many([(job, k, row) for (job, k, _), row in zip(items, rows)])
+                return [True] * len(items)
+            except Exception:  # noqa: BLE001 - retried one by one below, where each failure is that request's
+                del self.rows[n:]
+        return [self._start(job, k, len(self.rows) if row is None else row) for job, k, row in items]
+
+    def _new_row(self, job: Job, sentence: int, T: int) -> _Row:
         text, seed = job.sentences[sentence]
-        emb, _ = encode_prompts(synth.model, [text], job.speaker)  # (1, T, D)
-        T = emb.shape[1]
         limit = min(self.params.max_new_tokens, self.L - T)
         if limit < 1:
             raise ValueError(f"a sentence of {T} prompt tokens leaves no room to generate; use shorter sentences")
+        gen = torch.Generator(device=self.synth.device).manual_seed(seed)
+        return _Row(job, sentence, StreamRenderer(self.synth.model), gen, self.pos - T, T, limit)
+
+    def _reset_rows(self, idx: list[int], rows: list[_Row]) -> None:
+        """The per-row device state of rows idx (their prompts already prefilled); an index len(rows) appends."""
+        for i, r in zip(idx, rows):
+            self.history[i * self.Q : (i + 1) * self.Q] = self.V
+            self.row_steps[i] = 0
+            self.rope_base[i] = r.T
+            if i == len(self.rows):
+                self.rows.append(r)
+            else:
+                self.rows[i] = r
+
+    def _prefill(self, job: Job, sentence: int, row: int) -> None:
+        gpt, synth = self.gpt, self.synth
+        emb, _ = encode_prompts(synth.model, [job.sentences[sentence][0]], job.speaker)  # (1, T, D)
+        T = emb.shape[1]
         if self.pos < T:  # room below pos for the prompt; positions >= pos are masked in every row
             self.pos = T
-        start = self.pos - T
-        r = _Row(
-            job,
-            sentence,
-            StreamRenderer(synth.model),
-            torch.Generator(device=synth.device).manual_seed(seed),
-            start,
-            T,
-            limit,
-        )
+        r = self._new_row(job, sentence, T)
         self.key_valid[row] = False
-        self.key_valid[row, start : self.pos] = True
+        self.key_valid[row, r.start : self.pos] = True
         dev = synth.device
         with self._cache_view(slice(row, row + 1), self._cache_len([r])):
             h = gpt(
                 emb.to(gpt.norm.weight.dtype),
-                torch.arange(start, self.pos, device=dev),
+                torch.arange(r.start, self.pos, device=dev),
                 torch.arange(T, device=dev)[None],
                 self.run_block,
             )[:, -1]
         self.h[row] = h[0]
-        Q = self.Q
-        self.history[row * Q : (row + 1) * Q] = self.V
-        if row == len(self.rows):
-            self.rows.append(r)
-        else:
-            self.rows[row] = r
+        self._reset_rows([row], [r])
+
+    def _prefill_many(self, items: list[tuple[Job, int, int]]) -> None:
+        """Sentence `sentence` of each (job, sentence, row) into its row, as one batch: prompts left-padded to the
+        longest, all ending at `pos`. They attend only to themselves, so they run over a cache of their own, copied
+        into the rows' positions [pos - T, pos) after (padding lands there too, masked like the keys of a row's
+        previous owner)."""
+        gpt, synth, dev = self.gpt, self.synth, self.synth.device
+        embs = [encode_prompts(synth.model, [job.sentences[k][0]], job.speaker)[0][0] for job, k, _ in items]
+        lens = [e.shape[0] for e in embs]
+        T, m = max(lens), len(items)
+        if self.pos < T:
+            self.pos = T
+        rows = [self._new_row(job, k, t) for (job, k, _), t in zip(items, lens)]
+        emb = torch.stack([torch.nn.functional.pad(e, (0, 0, T - t, 0)) for e, t in zip(embs, lens)])
+        valid = torch.arange(T)[None] >= torch.tensor([T - t for t in lens])[:, None]
+        valid = valid.to(dev)
+        cfg = gpt.cfg
+        own = [
+            _CacheView(*(torch.zeros(m, cfg.heads, T, cfg.head_dim, dtype=self.h.dtype, device=dev) for _ in "kv"))
+            for _ in gpt.layers
+        ]
+        saved = [layer.attention.kv_cache for layer in gpt.layers], gpt.key_valid
+        for layer, c in zip(gpt.layers, own):
+            layer.attention.kv_cache = c
+        gpt.key_valid = valid
+        try:
+            h = gpt(
+                emb.to(gpt.norm.weight.dtype),
+                torch.arange(T, device=dev),
+                (valid.long().cumsum(1) - 1).clamp(min=0),
+                self.run_block,
+            )[:, -1]
+        finally:
+            for layer, c in zip(gpt.layers, saved[0]):
+                layer.attention.kv_cache = c
+            gpt.key_valid = saved[1]
+        idx = [row for *_, row in items]
+        at = torch.tensor(idx, device=dev)
+        span = slice(self.pos - T, self.pos)
+        for k, v, c in zip(self.k, self.v, own):
+            k[at, :, span] = c.k
+            v[at, :, span] = c.v
+        self.key_valid[at] = False
+        self.key_valid[at, span] = valid
+        self.h[at] = h
+        self._reset_rows(idx, rows)
 
     def _step_or_shed(self) -> None:
         """One decode step; an out-of-memory error sheds the newest request (the rest retry the step)."""
@@ -297,42 +433,103 @@ class Scheduler:
             if self.synth.device.type == "cuda":
                 torch.cuda.empty_cache()
 
+    def _decode(self, nb: int, S: int) -> None:
+        """One decode step of rows [0, nb) over cache positions [0, S), on the static buffers alone (no host reads,
+        so that it can be captured): sample from h, record, feed the codes back, advance each row and `pos_d`."""
+        gpt, Q, V, p = self.gpt, self.Q, self.V, self.params
+        steps = self.row_steps[:nb]
+        rows = self.rows_index[:nb]
+        noise = self.noise[rows, steps % self.chunk].view(nb * Q, V)  # each row's draws for its own step
+        step_q = steps[:, None].expand(nb, Q).reshape(nb * Q)
+        logits = gpt.code_logits(self.h[:nb])  # (nb, Q, V)
+        self.flags[1, :nb] = ~torch.isfinite(logits).flatten(1).all(-1)
+        ids = sample_codes(
+            logits.view(nb * Q, V),
+            self.history[: nb * Q],
+            self.temperature[: nb * Q],
+            noise,
+            step_q,
+            self.min_new,
+            p,
+            gpt.cfg.eos_code,
+        ).view(nb, Q)
+        self.flags[0, :nb] = (ids == gpt.cfg.eos_code).any(-1)
+        self.ring[rows, steps % self.R] = self.h[:nb]
+        x = gpt.embed_codes(ids)[:, None].to(self.h.dtype)
+        slot = self.pos_d.view(1)
+        self.key_valid[:nb].index_fill_(1, slot, True)
+        with self._cache_view(slice(0, nb), S):
+            out = gpt(x, slot, (self.rope_base[:nb] + steps)[:, None], self.run_block)[:, 0]
+        self.history[: nb * Q].scatter_(1, (step_q % p.penalty_window)[:, None], ids.view(nb * Q, 1))
+        self.h[:nb] = out
+        steps += 1
+        self.pos_d += 1
+
+    def _graph(self, nb: int, S: int) -> torch.cuda.CUDAGraph:
+        """The captured step for (nb, S), captured now if new. Capturing runs the step three times (warm-up and
+        capture): what those runs write is put back, so rows in flight are not disturbed."""
+        key = (nb, S)
+        if key in self._graphs:
+            return self._graphs[key]
+        dev = self.synth.device
+        at = max(0, min(self.pos, S - 3))  # the three runs write positions [at, at + 3) of every row
+        keep = [self.h, self.row_steps, self.pos_d, self.history, self.ring, self.flags, self.key_valid]
+        keep += [c[:, :, at : at + 3] for c in (*self.k, *self.v)]
+        saved = [t.clone() for t in keep]
+        self.pos_d.fill_(at)
+        if self._pool is None:
+            self._pool = torch.cuda.graph_pool_handle()
+        try:
+            side = torch.cuda.Stream(dev)
+            side.wait_stream(torch.cuda.current_stream(dev))
+            with torch.cuda.stream(side):
+                for _ in range(2):
+                    self._decode(nb, S)
+            torch.cuda.current_stream(dev).wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            # thread_local: the server's threads may touch the device meanwhile (a request's speaker, say)
+            with torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
+                self._decode(nb, S)
+        except RuntimeError as e:
+            if "captur" not in str(e).lower():
+                raise
+            sync_device(dev)
+            raise CaptureError(str(e).strip()[:160]) from e
+        finally:
+            for t, old in zip(keep, saved):
+                t.copy_(old)
+        self._graphs[key] = graph
+        return graph
+
     def _step(self) -> None:
-        rows, n, Q, V, chunk = self.rows, len(self.rows), self.Q, self.V, self.chunk
-        gpt, dev = self.gpt, self.synth.device
-        if self.pos >= self.L:
+        rows, n, chunk = self.rows, len(self.rows), self.chunk
+        if self.pos >= self.L or self._worth_compacting():
             self._compact()
         for i, r in enumerate(rows):  # each row's noise per chunk of its own steps, as Engine draws it
             if r.steps % chunk == 0:
                 self.noise[i].exponential_(1, generator=r.gen)
-        steps = torch.tensor([r.steps for r in rows], device=dev)
-        noise = self.noise[torch.arange(n, device=dev), steps % chunk].view(n * Q, V)
-        step_q = steps.repeat_interleave(Q)
-        logits = gpt.code_logits(self.h[:n])  # (n, Q, V)
-        bad = ~torch.isfinite(logits).flatten(1).all(-1)  # read with the EOS flags: no extra sync
-        ids = sample_codes(
-            logits.view(n * Q, V),
-            self.history[: n * Q],
-            self.temperature[: n * Q],
-            noise,
-            step_q,
-            self.min_new,
-            self.params,
-            gpt.cfg.eos_code,
-        ).view(n, Q)
-        x = gpt.embed_codes(ids)[:, None].to(self.h.dtype)
-        rope = torch.tensor([[r.T + r.steps] for r in rows], device=dev)
-        self.key_valid[:n, self.pos] = True
-        with self._cache_view(slice(0, n), self._cache_len(rows)):
-            out = gpt(x, torch.tensor([self.pos], device=dev), rope, self.run_block)[:, 0]
-        # committed only now: a step that failed (out of memory) leaves the state as it was, to be retried
-        self.history[: n * Q].scatter_(1, (step_q % self.params.penalty_window)[:, None], ids.view(n * Q, 1))
-        before = self.h[:n].clone()
-        self.h[:n] = out
+        S = self._cache_len(rows)
+        with self._timed("step"):
+            self.pos_d.fill_(self.pos)
+            if self.graphs:
+                nb = next(b for b in self.buckets if b >= n)
+                try:
+                    self._graph(nb, S).replay()
+                except CaptureError as e:
+                    warnings.warn(
+                        f"the scheduler's decode step cannot be captured in a CUDA graph ({e}); "
+                        "stepping without graphs from now on, more slowly",
+                        RuntimeWarning,
+                        stacklevel=2,
+                    )
+                    self.graphs = False
+                    self._decode(n, S)
+            else:
+                self._decode(n, S)
+            eos, bad = self.flags[:, :n].tolist()  # the step's one host read
         self.pos += 1
         self.steps_run += 1
-        eos, bad = torch.stack([(ids == gpt.cfg.eos_code).any(-1), bad]).tolist()
-        done, due, ended = set(), [], []
+        done, ended, first = set(), [], set()
         for i, r in enumerate(rows):
             r.steps += 1
             if bad[i]:  # NaN logits never sample EOS: the request would be noise to its step limit
@@ -346,54 +543,59 @@ class Scheduler:
                 done.add(i)
                 continue
             if not eos[i]:
-                r.pending.append(before[i])
+                r.pending += 1
                 r.job.steps += 1
             if eos[i] or r.steps >= r.limit:
                 ended.append(i)
-            elif len(r.pending) >= chunk or r.renderer.steps + len(r.pending) == r.renderer.first_audio_step:
-                due.append(i)
-        done.update(self._render_due([rows[i] for i in due], due))
-        for i in ended:  # a sentence's end renders alone: its last window ends where the audio does, not padded
+            elif r.renderer.steps + r.pending == r.renderer.first_audio_step:
+                first.add(i)
+        # all rows' new states every `chunk` steps, and a row's first audio at once
+        tick = self.steps_run % chunk == 0
+        skip = done.union(ended)
+        due = [i for i, r in enumerate(rows) if r.pending and i not in skip and (tick or i in first)]
+        with self._timed("render"):
+            done.update(self._render(due))
+        ended = [i for i in ended if i not in done]
+        with self._timed("render_end"):
+            done.update(self._render(ended, finish_many))
+        going_on = []
+        for i in ended:
             r = rows[i]
-            if not self._render_end(r):
-                done.add(i)
-            elif r.sentence + 1 < len(r.job.sentences):
-                if not self._start(r.job, r.sentence + 1, i):
-                    done.add(i)
+            if i in done:
+                continue
+            if r.sentence + 1 < len(r.job.sentences):
+                going_on.append(i)
             else:
                 self._end(r.job, "done")
                 done.add(i)
+        started = self._start_many([(rows[i].job, rows[i].sentence + 1, i) for i in going_on])
+        done.update(i for i, ok in zip(going_on, started) if not ok)
         for i in sorted(done, reverse=True):
             self._remove(i)
 
-    def _render_due(self, rows: list[_Row], idx: list[int]) -> list[int]:
-        """Render the rows' pending states as one batch (streaming.push_many) and emit the audio; -> the indices of
-        rows whose request failed (all of them if the batch did)."""
-        if not rows:
+    def _pending_states(self, i: int, r: _Row) -> Tensor:
+        """Row i's states not yet rendered, (pending, D), copied out of its ring."""
+        a, n = r.renderer.steps % self.R, r.pending
+        if a + n <= self.R:
+            return self.ring[i, a : a + n].clone()
+        return torch.cat([self.ring[i, a:], self.ring[i, : a + n - self.R]])
+
+    def _render(self, idx: list[int], render=push_many) -> list[int]:
+        """Render rows idx's pending states as one batch (streaming.push_many, or finish_many at their sentences'
+        ends) and emit the audio; -> the indices of rows whose request failed (all of them if the render did)."""
+        if not idx:
             return []
+        rows = [self.rows[i] for i in idx]
         try:
-            pieces = push_many([(r.renderer, torch.stack(r.pending)) for r in rows])
+            pieces = render([(r.renderer, self._pending_states(i, r)) for i, r in zip(idx, rows)])
         except Exception as e:  # noqa: BLE001 - these requests fail, the others go on
             for r in rows:
                 self._fail(r.job, e)
             return idx
         for r, piece in zip(rows, pieces):
-            r.pending = []
+            r.pending = 0
             self._emit(r, piece)
         return []
-
-    def _render_end(self, r: _Row) -> bool:
-        """Render the rest of the row's sentence and emit it; False if that failed (the request failed)."""
-        try:
-            pieces = [r.renderer.push(torch.stack(r.pending))] if r.pending else []
-            r.pending = []
-            pieces.append(r.renderer.finish())
-        except Exception as e:  # noqa: BLE001 - a rendering failure ends this request alone
-            self._fail(r.job, e)
-            return False
-        for piece in pieces:
-            self._emit(r, piece)
-        return True
 
     def _emit(self, r: _Row, piece: np.ndarray) -> None:
         if piece.size:
@@ -403,11 +605,21 @@ class Scheduler:
             r.job.on_event(r.job, "audio", piece)
 
     # --- bookkeeping -------------------------------------------------------------------------
+    def _need(self, rows: list[_Row]) -> int:
+        """Cache positions the rows need until their next chunk ends (at least pos + 1)."""
+        need = max(r.start + r.T + min((r.steps // self.chunk + 1) * self.chunk, r.limit) for r in rows)
+        return max(need, self.pos + 1)
+
     def _cache_len(self, rows: list[_Row]) -> int:
         """Cache positions attention reads: the engine's bucketed length (its next chunk's end, in CACHE_BUCKETs)."""
-        need = max(r.start + r.T + min((r.steps // self.chunk + 1) * self.chunk, r.limit) for r in rows)
-        need = max(need, self.pos + 1)
-        return min(-(-need // CACHE_BUCKET) * CACHE_BUCKET, self.L)
+        return min(-(-self._need(rows) // CACHE_BUCKET) * CACHE_BUCKET, self.L)
+
+    def _worth_compacting(self) -> bool:
+        """Whether shifting the rows left now lowers the cache bucket attention reads, with half a bucket of steps
+        to spare: every step reads the whole bucket, positions below the oldest row included."""
+        shift = min(r.start for r in self.rows)
+        need = self._need(self.rows)
+        return shift > 0 and need - shift + CACHE_BUCKET // 2 <= self._cache_len(self.rows) - CACHE_BUCKET
 
     @contextlib.contextmanager
     def _cache_view(self, rows: slice, length: int):
@@ -447,7 +659,7 @@ class Scheduler:
             for k, v in zip(self.k, self.v):
                 k[i] = k[last]
                 v[i] = v[last]
-            for t in (self.key_valid, self.h, self.noise):
+            for t in (self.key_valid, self.h, self.noise, self.ring, self.row_steps, self.rope_base):
                 t[i] = t[last]
             Q = self.Q
             self.history[i * Q : (i + 1) * Q] = self.history[last * Q : (last + 1) * Q]

@@ -131,6 +131,37 @@ def push_many(items: list[tuple[StreamRenderer, Tensor]]) -> list[np.ndarray]:
     rows = [(i, *x) for i, x in enumerate(live) if x is not None]
     if not rows:
         return out
+    for (i, *_), piece in zip(rows, _render_windows(rows)):
+        out[i] = piece
+    return out
+
+
+@torch.inference_mode()
+def finish_many(items: list[tuple[StreamRenderer, Tensor]]) -> list[np.ndarray]:
+    """`renderer.finish()` after appending `hidden` (its states not pushed yet), for several renderers at once: the
+    last windows end where each one's audio does, so only windows of one shape run as a batch (no padding, which
+    would reach the last samples); -> the rest of each one's audio."""
+    groups: dict[tuple, list] = {}
+    out = [np.zeros(0, dtype=np.float32)] * len(items)
+    for i, (r, hidden) in enumerate(items):
+        r._append(hidden)
+        if r.steps == 0:
+            continue
+        t0, t1 = r.emitted, r.hop * (2 * r.steps - 1)
+        if t1 <= t0:
+            continue
+        w = r._window(t0, t1, 2 * r.steps)
+        shape = (w[1] - w[0], w[2] - 2 * w[0], w[3] - 2 * w[0], w[4] - w[2], w[5] - w[2], t0 - w[4] * r.hop, t1 - t0)
+        groups.setdefault(shape, []).append((i, r, t0, t1, w))
+    for rows in groups.values():
+        for (i, *_), piece in zip(rows, _render_windows(rows)):
+            out[i] = piece
+    return out
+
+
+def _render_windows(rows: list[tuple]) -> list[np.ndarray]:
+    """(index, renderer, t0, t1, window) -> samples [t0, t1) of each, through the Decoder and Vocos as one batch
+    (windows right-padded to the longest), with one copy to the host."""
     model = rows[0][1].model
     S = max(w[1] - w[0] for *_, w in rows)
     states = torch.stack(
@@ -145,9 +176,32 @@ def push_many(items: list[tuple[StreamRenderer, Tensor]]) -> list[np.ndarray]:
         ]
     )
     spec = model.vocos.spectrum(mel.to(model.vocos.embed.weight.dtype))  # (B, n_fft/2+1, M)
-    for b, (i, r, t0, t1, w) in enumerate(rows):
-        out[i] = r._samples(spec[b, :, w[4] - w[2] : w[5] - w[2]], t0, t1, w)
-    return out
+    # the inverse FFT and overlap-add of all rows at once: spectra right-padded with zeros, which add exact zeros
+    hop, n_fft, half, window = rows[0][1].hop, rows[0][1].n_fft, rows[0][1].n_fft // 2, rows[0][1].window
+    F = max(w[5] - w[4] for *_, w in rows)
+    spec = torch.stack(
+        [
+            torch.nn.functional.pad(spec[b, :, w[4] - w[2] : w[5] - w[2]], (0, F - (w[5] - w[4])))
+            for b, (*_, w) in enumerate(rows)
+        ]
+    )
+    frames_t = torch.fft.irfft(spec, n=n_fft, dim=1) * window[:, None]  # (B, n_fft, F)
+    n = (F - 1) * hop + n_fft
+    fold = dict(output_size=(1, n), kernel_size=(1, n_fft), stride=(1, hop))
+    ola = torch.nn.functional.fold(frames_t, **fold).view(len(rows), n)
+    present = torch.arange(F, device=spec.device)[None] < torch.tensor([w[5] - w[4] for *_, w in rows])[:, None].to(
+        spec.device
+    )
+    env = torch.nn.functional.fold((window**2)[None, :, None] * present[:, None], **fold).view(len(rows), n)
+    segs = [(t0 - (w[4] * hop - half), t1 - (w[4] * hop - half)) for _, _, t0, t1, w in rows]
+    ola = ola / env.clamp(min=1e-11)
+    samples = (
+        torch.cat([ola[b, a:e] for b, (a, e) in enumerate(segs)]).float().cpu().numpy()
+    )  # one copy to the host (and one wait) for the whole batch
+    starts = np.cumsum([0] + [e - a for a, e in segs])
+    for _, r, _, t1, _ in rows:
+        r.emitted = t1
+    return [samples[a:b] for a, b in zip(starts[:-1], starts[1:])]
 
 
 def stream_text(

@@ -33,6 +33,7 @@ def build(opts: ServeOptions):
 
     synth = Synthesizer(opts.model, opts.device, opts.precision, compile="block" if opts.compile else False)
     scheduler = Scheduler(synth, slots=opts.slots, max_queue=opts.max_queue)
+    scheduler.warm_up()  # the step's CUDA graphs, every batch and cache bucket (nothing on the CPU)
     for _ in scheduler.submit("Warm up.").events():
         pass
     return create_app(scheduler, ServerConfig(model_id(opts.model), opts.max_input_chars))

@@ -1,0 +1,110 @@
+"""Where the time of `ttsq serve`'s scheduler goes, without HTTP: B requests of one sentence each submitted at once to
+toolkit.scheduler.Scheduler, with its decode step eager or replayed as CUDA graphs, at ChatTTS's dimensions (random
+weights, EOS barred: every sentence runs --steps steps).
+
+Per mode and batch: wall time per step, time to first audio, audio seconds per second, and (a second pass with
+`profile=True`, which drains the device around each part) the seconds per call of prefill, step, render and the
+sentence-end render. The engine's own decode rate (Engine with CUDA graphs, same batch) is the reference.
+
+    python3 benchmarks/serve_profile.py --device cuda --precision bf16 --batches 1,16,64 --out OUT.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from toolkit import SamplingParams, Synthesizer  # noqa: E402
+from toolkit.bench import decode_rate, random_model  # noqa: E402
+from toolkit.scheduler import Scheduler  # noqa: E402
+from toolkit.synthesizer import load_model  # noqa: E402
+
+SENTENCE = "The quick brown fox jumps over the lazy dog."
+
+
+def run_batch(sched: Scheduler, B: int, seed0: int) -> dict:
+    sched.timings.clear()
+    steps0 = sched.steps_run
+    t0 = time.perf_counter()
+    jobs = [sched.submit(SENTENCE, seed=seed0 + i) for i in range(B)]
+    for job in jobs:
+        for kind, data in job.events():
+            if kind == "error":
+                raise data
+    wall = time.perf_counter() - t0
+    steps = sched.steps_run - steps0
+    ttfa = sorted(j.first_audio - j.submitted for j in jobs)
+    audio = sum(j.samples for j in jobs) / 24000
+    out = {
+        "batch": B,
+        "steps": steps,
+        "wall_s": round(wall, 3),
+        "ms_per_step": round(1000 * wall / steps, 3),
+        "ttfa_p50_ms": round(1000 * statistics.median(ttfa), 1),
+        "ttfa_max_ms": round(1000 * ttfa[-1], 1),
+        "audio_s_per_s": round(audio / wall, 1),
+    }
+    if sched.profile:
+        out["parts_ms_per_call"] = {k: round(1000 * s / max(n, 1), 3) for k, (s, n) in sched.timings.items()}
+        out["parts_ms_per_step"] = {k: round(1000 * s / steps, 3) for k, (s, n) in sched.timings.items()}
+    return out
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--device", default="cuda")
+    p.add_argument("--precision", default="bf16")
+    p.add_argument("--slots", type=int, default=64)
+    p.add_argument("--batches", default="1,16,64")
+    p.add_argument("--modes", default="eager,graphs")
+    p.add_argument("--steps", type=int, default=235)
+    p.add_argument("--out", required=True)
+    a = p.parse_args()
+    dev = torch.device(a.device)
+    batches = [int(b) for b in a.batches.split(",")]
+    model = random_model("chattts", torch.device("cpu"))
+    model.tokenizer = load_model().tokenizer
+    synth = Synthesizer(model, a.device, a.precision)
+    params = SamplingParams(min_new_tokens=a.steps, max_new_tokens=a.steps)
+    report: dict = {"args": vars(a), "torch": torch.__version__, "modes": {}}
+    if dev.type == "cuda":
+        report["gpu"] = torch.cuda.get_device_name(dev)
+        report["engine_steps_per_s"] = {
+            B: round(decode_rate(synth.model, B, a.steps, dev, cuda_graphs=True, kernels=False, repeats=2), 1)
+            for B in batches
+        }
+        print(json.dumps(report["engine_steps_per_s"]), flush=True)
+    for mode in a.modes.split(","):
+        sched = Scheduler(synth, slots=a.slots, params=params, max_chars=60, graphs=mode == "graphs")
+        t0 = time.perf_counter()
+        captured = sched.warm_up(lengths=1024)
+        res: dict = {"warm_up_s": round(time.perf_counter() - t0, 2), "graphs_captured": captured, "runs": []}
+        run_batch(sched, 1, 999)  # first-use costs
+        for profile in (False, True):
+            sched.profile = profile
+            for B in batches:
+                row = run_batch(sched, B, 1000 * B)
+                row["profile"] = profile
+                res["runs"].append(row)
+                print(mode, json.dumps(row), flush=True)
+        sched.close()
+        res["compactions"] = sched.compactions
+        report["modes"][mode] = res
+        del sched
+        if dev.type == "cuda":
+            torch.cuda.empty_cache()
+    Path(a.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(a.out).write_text(json.dumps(report, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
