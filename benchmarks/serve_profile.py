@@ -6,7 +6,7 @@ Per mode and batch: wall time per step, time to first audio, audio seconds per s
 `profile=True`, which drains the device around each part) the seconds per call of prefill, step, render and the
 sentence-end render. The engine's own decode rate (Engine with CUDA graphs, same batch) is the reference.
 
-    python3 benchmarks/serve_profile.py --device cuda --precision bf16 --batches 1,16,64 --out OUT.json
+    python3 benchmarks/serve_profile.py --device cuda --precision bf16 --batches 1,16,64 [--compile] --out OUT.json
 """
 
 from __future__ import annotations
@@ -66,19 +66,32 @@ def main() -> int:
     p.add_argument("--batches", default="1,16,64")
     p.add_argument("--modes", default="eager,graphs")
     p.add_argument("--steps", type=int, default=235)
+    p.add_argument("--compile", action="store_true", help="torch.compile the GPT blocks (ttsq serve --compile)")
     p.add_argument("--out", required=True)
     a = p.parse_args()
     dev = torch.device(a.device)
     batches = [int(b) for b in a.batches.split(",")]
     model = random_model("chattts", torch.device("cpu"))
     model.tokenizer = load_model().tokenizer
-    synth = Synthesizer(model, a.device, a.precision)
+    synth = Synthesizer(model, a.device, a.precision, compile="block" if a.compile else False)
     params = SamplingParams(min_new_tokens=a.steps, max_new_tokens=a.steps)
     report: dict = {"args": vars(a), "torch": torch.__version__, "modes": {}}
     if dev.type == "cuda":
         report["gpu"] = torch.cuda.get_device_name(dev)
         report["engine_steps_per_s"] = {
-            B: round(decode_rate(synth.model, B, a.steps, dev, cuda_graphs=True, kernels=False, repeats=2), 1)
+            B: round(
+                decode_rate(
+                    synth.model,
+                    B,
+                    a.steps,
+                    dev,
+                    cuda_graphs=True,
+                    kernels=False,
+                    repeats=2,
+                    compile="block" if a.compile else False,
+                ),
+                1,
+            )
             for B in batches
         }
         print(json.dumps(report["engine_steps_per_s"]), flush=True)

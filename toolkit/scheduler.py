@@ -9,15 +9,17 @@ reaches the cache's end every row shifts left by the oldest row's start.
 Each row samples with its own generator (seeded like `Engine.generate`'s batch of one), step counter and
 repetition history, and attention reads a cache length bucketed as the engine's: a request served alone yields the
 codes `Synthesizer.synthesize` yields at batch 1, and in company the same up to the float rounding of batched
-matmuls. Audio is rendered as it comes (toolkit.streaming): every `chunk` steps all rows' new states in one batch,
-and a row's first audio as soon as its states allow. The text is split into sentences and seeded as
-`ttsq synth --batch-size 1` does (`Plan`); they run one after another in the request's row.
+matmuls. Audio is rendered as it comes (toolkit.streaming): every `render_every` steps all rows' new states in one
+batch, a row's first audio as soon as its states allow, and the sentences that end at a step together (windows of
+one shape in one batch). The text is split into sentences and seeded as `ttsq synth --batch-size 1` does (`Plan`);
+they run one after another in the request's row.
 
 A step reads and writes only fixed device buffers (each row's step counter, rope base and the write position live
 on the device; the states it samples from go to a ring per row that the renders read), so on CUDA it is captured as
 a CUDA graph per (batch bucket, cache bucket) and replayed: the active rows are padded to the next of a few batch
-sizes (the padding rows compute on free cache rows that no one reads). Requests admitted together are prefilled as
-one left-padded batch on CUDA.
+sizes (the padding rows compute on free cache rows that no one reads). On CUDA the prompts that start at a step
+(requests admitted, sentences that follow) are prefilled as one left-padded batch, a graph per (batch bucket,
+prompt length in PREFILL_BUCKETs). The cache compacts early when that lowers the bucket attention reads.
 
     sched = Scheduler(Synthesizer(), slots=8)
     job = sched.submit("Hello there.", speaker="m1", seed=0)   # raises QueueFull when the queue is full
@@ -41,13 +43,15 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from .engine import CACHE_BUCKET, CaptureError, NumericalError, sync_device
+from .engine import CACHE_BUCKET, PREFILL_BUCKET, CaptureError, NumericalError, sync_device
 from .models.gpt import KVCache
 from .plan import Plan
 from .prompt import Voice, encode_prompts
 from .sampling import SamplingParams, sample_codes
 from .streaming import StreamRenderer, finish_many, push_many
 from .synthesizer import OutOfMemory, Synthesizer, _is_out_of_memory
+
+PREFILL_GRAPH_MAX = 256  # prompts up to this many tokens prefill through graphs (longer ones, rare, without)
 
 
 class QueueFull(RuntimeError):
@@ -136,6 +140,7 @@ class Scheduler:
         cache_len: int | None = None,
         graphs: bool | None = None,
         batch_prefill: bool | None = None,
+        render_every: int | None = None,
         profile: bool = False,
     ):
         """slots: requests decoded together at most; max_queue: requests waiting for a slot at most (submit raises
@@ -143,8 +148,9 @@ class Scheduler:
         cache_len: KV cache positions per row (default the model's max_positions; a sentence's prompt and steps
         must fit in it). graphs: replay each step as a CUDA graph at padded batch sizes (None: on CUDA where the
         synthesizer's engine uses graphs). batch_prefill: prefill the requests admitted together as one batch
-        (None: on CUDA; elsewhere each alone, which gives synthesize()'s codes exactly). profile: sync the device
-        around prefill, step and render and add their seconds to `timings` (slower; for benchmarks)."""
+        (None: on CUDA; elsewhere each alone, which gives synthesize()'s codes exactly). render_every: steps between
+        the renders of every row's new states (default 2 * chunk: fewer, larger batches cost less). profile: sync
+        the device around prefill, step and render and add their seconds to `timings` (slower; for benchmarks)."""
         if slots < 1 or max_queue < 0:
             raise ValueError(f"slots must be >= 1 and max_queue >= 0, got {slots} and {max_queue}")
         self.synth, self.slots, self.max_queue, self.chunk = synth, slots, max_queue, chunk
@@ -171,7 +177,9 @@ class Scheduler:
         self.noise = torch.ones(slots, chunk, self.Q, self.V, device=dev)
         self.min_new = torch.tensor(self.params.min_new_tokens, device=dev)
         # the step's per-row state on the device, so that a step reads nothing from the host
-        self.R = 4 * chunk  # ring of the states each row sampled from, read by the renders (pending <= chunk)
+        self.render_every = render_every or 2 * chunk
+        # ring of the states each row sampled from, read by the renders (pending <= render_every)
+        self.R = self.render_every + chunk
         self.ring = torch.zeros(slots, self.R, cfg.hidden, dtype=dtype, device=dev)
         self.row_steps = torch.zeros(slots, dtype=torch.long, device=dev)  # steps of the row's sentence so far
         self.rope_base = torch.zeros(slots, dtype=torch.long, device=dev)  # its prompt length
@@ -179,7 +187,8 @@ class Scheduler:
         self.flags = torch.zeros(2, slots, dtype=torch.bool, device=dev)  # EOS sampled, logits not finite
         self.rows_index = torch.arange(slots, device=dev)
         self.buckets = batch_buckets(slots)
-        self._graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
+        self._graphs: dict[tuple, torch.cuda.CUDAGraph] = {}  # steps (nb, S), prefills ("prefill", mb, Tb)
+        self._pf: dict | None = None  # the prefill graphs' buffers
         self._pool = None  # one memory pool for every captured step (they never run at once)
         self.run_block = synth.engine._run_block  # compiled where the synthesizer's engine compiles
         self.rows: list[_Row] = []
@@ -232,10 +241,10 @@ class Scheduler:
             self._cond.notify()
         return job
 
-    def warm_up(self, lengths: int | None = None) -> int:
-        """Capture the step's CUDA graphs now, for every batch bucket and the cache buckets up to `lengths` positions
-        (default the whole cache), so that no request waits for a capture; a no-op without graphs. Call it before
-        any request is submitted. -> graphs captured."""
+    def warm_up(self, lengths: int | None = None, prompts: int = 128) -> int:
+        """Capture the CUDA graphs now, so that no request waits for a capture: the step's for every batch bucket and
+        the cache buckets up to `lengths` positions (default the whole cache), the prefill's for prompts up to
+        `prompts` tokens; a no-op without graphs. Call it before any request is submitted. -> graphs captured."""
         if not self.graphs:
             return 0
         top = min(lengths or self.L, self.L)
@@ -248,6 +257,9 @@ class Scheduler:
                 for S in sizes:
                     for nb in self.buckets:
                         self._graph(nb, S)
+                for Tb in range(PREFILL_BUCKET, prompts + 1, PREFILL_BUCKET):
+                    for mb in self.buckets:
+                        self._prefill_graph(mb, Tb)
             return len(self._graphs) - before
 
     def retry_after(self) -> int:
@@ -317,7 +329,9 @@ class Scheduler:
     def _start_many(self, items: list[tuple[Job, int, int | None]]) -> list[bool]:
         """Prefill sentence `sentence` of each (job, sentence, row) as one batch (row None: a new row); if that
         fails, each alone, so that a failure ends only the request that caused it. -> whether each started."""
-        if len(items) > 1 and self.batch_prefill:
+        if not items:
+            return []
+        if self.batch_prefill:
             n = len(self.rows)
             rows = [
                 n + sum(r is None for *_, r in items[:j]) if row is None else row for j, (*_, row) in enumerate(items)
@@ -326,8 +340,16 @@ class Scheduler:
                 with torch.inference_mode(), self._timed("prefill_batch"):
                     self._prefill_many([(job, k, row) for (job, k, _), row in zip(items, rows)])
                 return [True] * len(items)
-            except Exception:  # noqa: BLE001 - retried one by one below, where each failure is that request's
+            except Exception as e:  # noqa: BLE001 - retried one by one below, where each failure is that request's
                 del self.rows[n:]
+                if isinstance(e, CaptureError):
+                    warnings.warn(
+                        f"the scheduler's batched prefill cannot be captured in a CUDA graph ({e}); prefilling "
+                        "each request alone from now on, more slowly",
+                        RuntimeWarning,
+                        stacklevel=2,
+                    )
+                    self.batch_prefill = False
         return [self._start(job, k, len(self.rows) if row is None else row) for job, k, row in items]
 
     def _new_row(self, job: Job, sentence: int, T: int) -> _Row:
@@ -373,47 +395,84 @@ class Scheduler:
         """Sentence `sentence` of each (job, sentence, row) into its row, as one batch: prompts left-padded to the
         longest, all ending at `pos`. They attend only to themselves, so they run over a cache of their own, copied
         into the rows' positions [pos - T, pos) after (padding lands there too, masked like the keys of a row's
-        previous owner)."""
-        gpt, synth, dev = self.gpt, self.synth, self.synth.device
+        previous owner). With graphs, batch and length are padded to buckets and the prefill replays a graph."""
+        synth, dev = self.synth, self.synth.device
         embs = [encode_prompts(synth.model, [job.sentences[k][0]], job.speaker)[0][0] for job, k, _ in items]
         lens = [e.shape[0] for e in embs]
         T, m = max(lens), len(items)
         if self.pos < T:
             self.pos = T
         rows = [self._new_row(job, k, t) for (job, k, _), t in zip(items, lens)]
-        emb = torch.stack([torch.nn.functional.pad(e, (0, 0, T - t, 0)) for e, t in zip(embs, lens)])
-        valid = torch.arange(T)[None] >= torch.tensor([T - t for t in lens])[:, None]
-        valid = valid.to(dev)
-        cfg = gpt.cfg
-        own = [
-            _CacheView(*(torch.zeros(m, cfg.heads, T, cfg.head_dim, dtype=self.h.dtype, device=dev) for _ in "kv"))
-            for _ in gpt.layers
-        ]
+        graph = self.graphs and T <= PREFILL_GRAPH_MAX
+        mb, Tb = (
+            (next(b for b in self.buckets if b >= m), -(-T // PREFILL_BUCKET) * PREFILL_BUCKET) if graph else (m, T)
+        )
+        buf = self._prefill_buffers() if graph else self._prefill_buffers(m, T)
+        emb, valid = buf["emb"][:mb, :Tb], buf["valid"][:mb, :Tb]
+        emb.zero_()
+        for j, (e, t) in enumerate(zip(embs, lens)):
+            emb[j, Tb - t :] = e
+        valid.copy_(torch.arange(Tb)[None] >= torch.tensor([Tb - t for t in lens] + [Tb] * (mb - m))[:, None])
+        if graph:
+            self._prefill_graph(mb, Tb).replay()
+        else:
+            self._prefill_core(buf, mb, Tb)
+        at = torch.tensor([row for *_, row in items], device=dev)
+        span = slice(self.pos - T, self.pos)
+        for k, v, ck, cv in zip(self.k, self.v, buf["k"], buf["v"]):
+            k[at, :, span] = ck[:m, :, Tb - T : Tb]
+            v[at, :, span] = cv[:m, :, Tb - T : Tb]
+        self.key_valid[at] = False
+        self.key_valid[at, span] = valid[:m, Tb - T :]
+        self.h[at] = buf["out"][:m]
+        self._reset_rows([row for *_, row in items], rows)
+
+    def _prefill_buffers(self, m: int | None = None, T: int | None = None) -> dict:
+        """Static inputs, outputs and own caches of a batched prefill: the scheduler's (every row, PREFILL_GRAPH_MAX
+        positions; what the prefill graphs read and write), or new ones of (m, T)."""
+        if m is None and self._pf is not None:
+            return self._pf
+        m, T = m or self.slots, T or PREFILL_GRAPH_MAX
+        cfg, dev, dtype = self.gpt.cfg, self.synth.device, self.h.dtype
+        buf = {
+            "emb": torch.zeros(m, T, cfg.hidden, dtype=dtype, device=dev),
+            "valid": torch.zeros(m, T, dtype=torch.bool, device=dev),
+            "out": torch.zeros(m, cfg.hidden, dtype=dtype, device=dev),
+            "k": [torch.zeros(m, cfg.heads, T, cfg.head_dim, dtype=dtype, device=dev) for _ in self.gpt.layers],
+            "v": [torch.zeros(m, cfg.heads, T, cfg.head_dim, dtype=dtype, device=dev) for _ in self.gpt.layers],
+        }
+        if m == self.slots and T == PREFILL_GRAPH_MAX:
+            self._pf = buf
+        return buf
+
+    def _prefill_core(self, buf: dict, mb: int, Tb: int) -> None:
+        """The prefill of buf's first mb prompts of Tb positions over buf's own caches (capturable)."""
+        gpt = self.gpt
+        valid = buf["valid"][:mb, :Tb]
         saved = [layer.attention.kv_cache for layer in gpt.layers], gpt.key_valid
-        for layer, c in zip(gpt.layers, own):
-            layer.attention.kv_cache = c
+        for layer, k, v in zip(gpt.layers, buf["k"], buf["v"]):
+            layer.attention.kv_cache = _CacheView(k[:mb, :, :Tb], v[:mb, :, :Tb])
         gpt.key_valid = valid
         try:
             h = gpt(
-                emb.to(gpt.norm.weight.dtype),
-                torch.arange(T, device=dev),
+                buf["emb"][:mb, :Tb],
+                torch.arange(Tb, device=valid.device),
                 (valid.long().cumsum(1) - 1).clamp(min=0),
                 self.run_block,
-            )[:, -1]
+            )
+            buf["out"][:mb] = h[:, -1]
         finally:
             for layer, c in zip(gpt.layers, saved[0]):
                 layer.attention.kv_cache = c
             gpt.key_valid = saved[1]
-        idx = [row for *_, row in items]
-        at = torch.tensor(idx, device=dev)
-        span = slice(self.pos - T, self.pos)
-        for k, v, c in zip(self.k, self.v, own):
-            k[at, :, span] = c.k
-            v[at, :, span] = c.v
-        self.key_valid[at] = False
-        self.key_valid[at, span] = valid
-        self.h[at] = h
-        self._reset_rows(idx, rows)
+
+    def _prefill_graph(self, mb: int, Tb: int) -> torch.cuda.CUDAGraph:
+        """The captured prefill for (mb, Tb), captured now if new (it writes only the prefill buffers)."""
+        key = ("prefill", mb, Tb)
+        if key not in self._graphs:
+            buf = self._prefill_buffers()
+            self._graphs[key] = self._capture(lambda: self._prefill_core(buf, mb, Tb))
+        return self._graphs[key]
 
     def _step_or_shed(self) -> None:
         """One decode step; an out-of-memory error sheds the newest request (the rest retry the step)."""
@@ -471,12 +530,22 @@ class Scheduler:
         key = (nb, S)
         if key in self._graphs:
             return self._graphs[key]
-        dev = self.synth.device
         at = max(0, min(self.pos, S - 3))  # the three runs write positions [at, at + 3) of every row
         keep = [self.h, self.row_steps, self.pos_d, self.history, self.ring, self.flags, self.key_valid]
         keep += [c[:, :, at : at + 3] for c in (*self.k, *self.v)]
         saved = [t.clone() for t in keep]
         self.pos_d.fill_(at)
+        try:
+            self._graphs[key] = self._capture(lambda: self._decode(nb, S))
+        finally:
+            for t, old in zip(keep, saved):
+                t.copy_(old)
+        return self._graphs[key]
+
+    def _capture(self, run: Callable[[], None]) -> torch.cuda.CUDAGraph:
+        """run() as a CUDA graph, after two warm-up runs on a side stream (lazy inits, compiles), in the pool every
+        graph of this scheduler shares (they never run at once). A kernel that refuses capture raises CaptureError."""
+        dev = self.synth.device
         if self._pool is None:
             self._pool = torch.cuda.graph_pool_handle()
         try:
@@ -484,21 +553,17 @@ class Scheduler:
             side.wait_stream(torch.cuda.current_stream(dev))
             with torch.cuda.stream(side):
                 for _ in range(2):
-                    self._decode(nb, S)
+                    run()
             torch.cuda.current_stream(dev).wait_stream(side)
             graph = torch.cuda.CUDAGraph()
             # thread_local: the server's threads may touch the device meanwhile (a request's speaker, say)
             with torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
-                self._decode(nb, S)
+                run()
         except RuntimeError as e:
             if "captur" not in str(e).lower():
                 raise
             sync_device(dev)
             raise CaptureError(str(e).strip()[:160]) from e
-        finally:
-            for t, old in zip(keep, saved):
-                t.copy_(old)
-        self._graphs[key] = graph
         return graph
 
     def _step(self) -> None:
@@ -549,8 +614,8 @@ class Scheduler:
                 ended.append(i)
             elif r.renderer.steps + r.pending == r.renderer.first_audio_step:
                 first.add(i)
-        # all rows' new states every `chunk` steps, and a row's first audio at once
-        tick = self.steps_run % chunk == 0
+        # all rows' new states every render_every steps, and a row's first audio at once
+        tick = self.steps_run % self.render_every == 0
         skip = done.union(ended)
         due = [i for i, r in enumerate(rows) if r.pending and i not in skip and (tick or i in first)]
         with self._timed("render"):
