@@ -108,7 +108,8 @@ class _Row:
     start: int  # cache position of the prompt's first token
     T: int  # prompt length
     limit: int  # steps allowed for this sentence
-    steps: int = 0
+    steps: int = 0  # steps queued
+    taken: int = 0  # steps whose outcome the host has taken in (one fewer while a step is in flight)
     pending: int = 0  # states in the ring not yet rendered (they follow the renderer's own `steps`)
 
 
@@ -189,6 +190,7 @@ class Scheduler:
         self.buckets = batch_buckets(slots)
         self._graphs: dict[tuple, torch.cuda.CUDAGraph] = {}  # steps (nb, S), prefills ("prefill", mb, Tb)
         self._pf: dict | None = None  # the prefill graphs' buffers
+        self._inflight: tuple | None = None  # the step queued last, its outcome not taken in yet
         self._pool = None  # one memory pool for every captured step (they never run at once)
         self.run_block = synth.engine._run_block  # compiled where the synthesizer's engine compiles
         self.rows: list[_Row] = []
@@ -354,7 +356,7 @@ class Scheduler:
 
     def _new_row(self, job: Job, sentence: int, T: int) -> _Row:
         text, seed = job.sentences[sentence]
-        limit = min(self.params.max_new_tokens, self.L - T)
+        limit = min(self.params.max_new_tokens, self.L - T - 1)  # - 1: the step it runs after its end
         if limit < 1:
             raise ValueError(f"a sentence of {T} prompt tokens leaves no room to generate; use shorter sentences")
         gen = torch.Generator(device=self.synth.device).manual_seed(seed)
@@ -484,7 +486,7 @@ class Scheduler:
                 for i in reversed(range(len(self.rows))):  # a bug: nobody's state can be trusted
                     self._fail(self.rows[i].job, e)
                     self._remove(i)
-                self.pos = 0
+                self.pos, self._inflight = 0, None
                 return
             newest = max(range(len(self.rows)), key=lambda i: self.rows[i].job.submitted)
             self._fail(self.rows[newest].job, e)
@@ -567,7 +569,18 @@ class Scheduler:
         return graph
 
     def _step(self) -> None:
-        rows, n, chunk = self.rows, len(self.rows), self.chunk
+        """Queue the next decode step of the active rows, then take in the one queued before it: its EOS flags
+        reach the host while this one runs, so the device does not wait for the host's bookkeeping. A row that ended
+        at the step taken in has run this one too, for nothing."""
+        launched = self._launch()
+        taken, self._inflight = self._inflight, launched
+        if taken is not None:
+            self._take(*taken)
+
+    def _launch(self) -> tuple[list[_Row], Tensor, object]:
+        """Queue one decode step of rows [0, n) -> (those rows, their flags on the host, the event after which the
+        flags are there (None off CUDA))."""
+        rows, n, chunk = list(self.rows), len(self.rows), self.chunk
         if self.pos >= self.L or self._worth_compacting():
             self._compact()
         for i, r in enumerate(rows):  # each row's noise per chunk of its own steps, as Engine draws it
@@ -591,13 +604,32 @@ class Scheduler:
                     self._decode(n, S)
             else:
                 self._decode(n, S)
-            eos, bad = self.flags[:, :n].tolist()  # the step's one host read
+            if self.synth.device.type == "cuda":
+                flags = torch.empty((2, n), dtype=torch.bool, pin_memory=True).copy_(self.flags[:, :n], True)
+                ready = torch.cuda.Event()
+                ready.record()
+            else:
+                flags, ready = self.flags[:, :n].clone(), None
+        for r in rows:
+            r.steps += 1
         self.pos += 1
         self.steps_run += 1
+        return rows, flags, ready
+
+    def _take(self, launched: list[_Row], flags: Tensor, ready) -> None:
+        """Take in a step's outcome for the rows it ran that are still here: EOS, NaN, renders, sentence ends."""
+        with self._timed("wait"):
+            if ready is not None:
+                ready.synchronize()
+        eos, bad = flags.tolist()
+        where = {id(r): i for i, r in enumerate(self.rows)}
         done, ended, first = set(), [], set()
-        for i, r in enumerate(rows):
-            r.steps += 1
-            if bad[i]:  # NaN logits never sample EOS: the request would be noise to its step limit
+        for j, r in enumerate(launched):
+            i = where.get(id(r))
+            if i is None:  # it left meanwhile (ended, cancelled, failed)
+                continue
+            r.taken += 1
+            if bad[j]:  # NaN logits never sample EOS: the request would be noise to its step limit
                 self._fail(
                     r.job,
                     NumericalError(
@@ -607,13 +639,14 @@ class Scheduler:
                 )
                 done.add(i)
                 continue
-            if not eos[i]:
+            if not eos[j]:
                 r.pending += 1
                 r.job.steps += 1
-            if eos[i] or r.steps >= r.limit:
+            if eos[j] or r.taken >= r.limit:
                 ended.append(i)
             elif r.renderer.steps + r.pending == r.renderer.first_audio_step:
                 first.add(i)
+        rows = self.rows
         # all rows' new states every render_every steps, and a row's first audio at once
         tick = self.steps_run % self.render_every == 0
         skip = done.union(ended)
