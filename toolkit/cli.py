@@ -547,7 +547,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--max-queue", type=int, default=32, help="requests waiting for a slot at most; beyond, 429 with Retry-After"
     )
     s.add_argument("--max-input-chars", type=int, default=4096, help="longer inputs get 413")
-    s.add_argument("--compile", action="store_true", help="torch.compile the GPT blocks (a GPU's faster steps)")
+    s.add_argument(
+        "--compile",
+        action="store_true",
+        help="torch.compile the GPT blocks: faster steps for a few streams on a GPU, slower for many "
+        "(benchmarks/README.md)",
+    )
     s.set_defaults(func=cmd_serve)
 
     s = sub.add_parser("gui", help="desktop GUI: synthesize, listen, compare precisions (needs the gui extra)")
