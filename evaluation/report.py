@@ -39,6 +39,16 @@ def asr_line(report: dict) -> str:
     )
 
 
+def models_line(report: dict) -> str:
+    """The folder each row ran: the report's model, or per row where a GUI comparison ran several folders."""
+    by: dict[str, list[str]] = {}
+    for name, r in report["precisions"].items():
+        by.setdefault(r.get("model", report["model"]), []).append(name)
+    if len(by) <= 1:
+        return f"Model: {next(iter(by), report['model'])}."
+    return "Models: " + "; ".join(f"{', '.join(names)}: {m}" for m, names in by.items()) + "."
+
+
 def markdown_table(report: dict) -> str:
     floor = report["noise_floor"]
     cols = intelligibility_columns(report)
@@ -72,6 +82,7 @@ def markdown_table(report: dict) -> str:
         "timings are medians, warm-up excluded, batch 1. Within the noise floor: the end-to-end MCD gap against "
         "FP32's seed-to-seed MCD, and the error-rate gap against FP32, are not above zero at 95%.",
         asr_line(report),
+        models_line(report),
         f"Device: {report['device']} ({report['hardware']}). Text set: {report['text_set']['file']} "
         f"({report['text_set']['records']} records). {report['mcd_settings']}.",
     ]

@@ -66,7 +66,8 @@ def build_report(
     job, results: list[dict], floor: dict | None, floors: dict[str, dict] | None = None
 ) -> tuple[dict, dict]:
     """-> (report, utts) for evaluation.report.write_report. The rows of a model added to the comparison (their
-    "group") are compared with that model's own FP32 and noise floor (`floors` by group), not the first model's."""
+    "group") are compared with that model's own FP32 and noise floor (`floors` by group), not the first model's;
+    every row names the folder it ran ("model"), as the report's top-level "model" is the first model's only."""
     import torch
 
     from evaluation import asr, metrics
@@ -103,6 +104,7 @@ def build_report(
         res = {
             "precision": r["name"],
             "recipe": r["recipe"],
+            "model": r["model"] or "shipped voice",  # the folder this row ran: a model, an artifact or ONNX folder
             "performance": perf,
             "decoder_vocoder": {"mcd_db": None, "pesq_wb": None, "stoi": None, "log_mel_l1": None},
             "gpt_teacher_forced": {"top1_agreement": None, "kl_nats": None},

@@ -176,7 +176,7 @@ def test_artifact_is_compared_with_its_source_fp32(qtbot, win, tiny_dir, tiny_ar
     assert w2.make_job().artifacts == {"tiny-q8": str(tiny_artifact)}
 
 
-def test_another_model_joins_the_comparison_and_leaves(qtbot, win, tiny_artifact, tmp_path):
+def test_another_model_joins_the_comparison_and_leaves(qtbot, win, tiny_dir, tiny_artifact, tmp_path):
     """Issue 40, item 4: an unrelated model added to the comparison runs beside the first; its rows are named after
     it, compared with its own FP32 and noise floor, plotted, and offered to the A/B boxes; an artifact that names no
     source is marked not comparable; removing a model takes its rows away and leaves the others."""
@@ -221,6 +221,22 @@ def test_another_model_joins_the_comparison_and_leaves(qtbot, win, tiny_artifact
     assert bands["other-model"] == pytest.approx((0.0, mine_floor))
     assert win.chart.band_series_of["other-model"].name() == "noise floor (other-model)"
     assert win.chart.series["other-model · int8"].pointLabelsFormat() == "other-model · int8"
+    # the saved report names each row's own model folder, not the first model's for all
+    win.save_report(str(tmp_path / "report"))
+    _wait_idle(qtbot, win)
+    assert win.error_box is None, win.error_box.text()
+    rep = json.loads((tmp_path / "report" / "report.json").read_text())
+    assert rep["model"] == str(tiny_dir)
+    assert {n: r["model"] for n, r in rep["precisions"].items()} == {
+        "fp32": str(tiny_dir),
+        "int8": str(tiny_dir),
+        "other-model · fp32": str(other),
+        "other-model · int8": str(other),
+    }
+    gap = rep["precisions"]["other-model · int8"]["gap_vs_noise_floor_db"]["mean"]  # its own floor
+    assert gap == pytest.approx(theirs["mcd_db"] - mine_floor)
+    md = (tmp_path / "report" / "report.md").read_text()
+    assert f"Models: fp32, int8: {tiny_dir}; other-model · fp32, other-model · int8: {other}." in md
     # A/B picks clips of either model
     for combo in (win.a_combo, win.b_combo):
         assert [combo.itemText(i) for i in range(combo.count())] == rows
