@@ -68,10 +68,12 @@ def serve(a) -> None:
         params = SamplingParams(min_new_tokens=a.steps_per_sentence, max_new_tokens=a.steps_per_sentence)
     else:
         model, params = a.model, SamplingParams()
-    synth = Synthesizer(model, a.device, a.precision, compile="block" if a.compile else False)
-    scheduler = Scheduler(synth, slots=a.slots, max_queue=a.max_queue, params=params, max_chars=a.max_chars)
+    synth = Synthesizer(model, a.device, a.precision, compile=False)  # --compile: the scheduler's step
+    scheduler = Scheduler(
+        synth, slots=a.slots, max_queue=a.max_queue, params=params, max_chars=a.max_chars, compile=a.compile
+    )
     t0 = time.perf_counter()
-    captured = scheduler.warm_up()
+    captured = scheduler.warm_up(a.warm_up_positions)
     print(f"warm-up: {captured} step graphs captured in {time.perf_counter() - t0:.1f} s", file=sys.stderr, flush=True)
     jobs = [scheduler.submit("Warm up the server.", seed=i) for i in range(min(a.slots, 4))]
     for job in jobs:
@@ -252,7 +254,17 @@ def main() -> int:
     )
     p.add_argument("--device", default="cpu")
     p.add_argument("--precision", default=None)
-    p.add_argument("--compile", action="store_true", help="torch.compile the GPT blocks (ttsq serve --compile)")
+    p.add_argument(
+        "--compile",
+        action="store_true",
+        help="torch.compile the scheduler's whole step (ttsq serve --compile)",
+    )
+    p.add_argument(
+        "--warm-up-positions",
+        type=int,
+        default=None,
+        help="capture (and compile) the step for cache lengths up to this before serving (default: the whole cache)",
+    )
     p.add_argument("--slots", type=int, default=4)
     p.add_argument("--max-queue", type=int, default=256)
     p.add_argument("--max-chars", type=int, default=120, help="sentence length the server splits at")
@@ -304,7 +316,7 @@ def main() -> int:
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
     report = {
         "command": "python3 benchmarks/serve_load.py " + " ".join(argv),
-        "commit": commit.stdout.strip() or None,
+        "commit": os.environ.get("TTSQ_COMMIT") or commit.stdout.strip() or None,  # set where no .git travels
         "hardware": hardware(a.device),
         "args": {k: v for k, v in vars(a).items() if k != "serve_only"},
         "baseline": baseline,

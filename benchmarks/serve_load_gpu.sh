@@ -2,7 +2,9 @@
 # `ttsq serve` under load on one GPU, end to end, offline: random weights at ChatTTS's dimensions (EOS barred, 235
 # steps = 5 s of audio per sentence), 64 concurrent streaming clients with random text lengths, against a baseline
 # in the same run (the same server, requests one at a time). Results: $OUT/serve_load_gpu.json and .md.
-# SERVE_LOAD_ARGS=--compile serves with the GPT blocks compiled, as `ttsq serve --compile`.
+# SERVE_LOAD_ARGS=--compile serves with the scheduler's whole step compiled, as `ttsq serve --compile` (add
+# --warm-up-positions 1024 to compile only the cache lengths 64 streams of one-sentence prompts reach);
+# SERVE_LOAD_NAME names the result files (default serve_load_gpu).
 #   here:        bash benchmarks/serve_wheels.sh          (fills .whl/serve/, about 9 MiB)
 #   the device:  carry .whl/serve, run `bash benchmarks/serve_load_gpu.sh`
 set -euo pipefail
@@ -15,4 +17,4 @@ mkdir -p "$out"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$out/gpu.csv" || true
 python3 benchmarks/serve_load.py --dims chattts --device cuda --precision bf16 --slots 64 --max-queue 256 \
   --clients 64 --requests 192 --baseline-requests 6 --words 10 40 --max-chars 60 --steps-per-sentence 235 \
-  --time-limit 240 ${SERVE_LOAD_ARGS:-} --out "$out/serve_load_gpu.json" 2>&1 | tail -40
+  --time-limit 240 ${SERVE_LOAD_ARGS:-} --out "$out/${SERVE_LOAD_NAME:-serve_load_gpu}.json" 2>&1 | tail -40

@@ -1,12 +1,14 @@
 """Where the time of `ttsq serve`'s scheduler goes, without HTTP: B requests of one sentence each submitted at once to
-toolkit.scheduler.Scheduler, with its decode step eager or replayed as CUDA graphs, at ChatTTS's dimensions (random
-weights, EOS barred: every sentence runs --steps steps).
+toolkit.scheduler.Scheduler, with its decode step eager, replayed as CUDA graphs, or compiled whole (static shapes per
+batch and cache bucket) under its graphs, at ChatTTS's dimensions (random weights, EOS barred: every sentence runs
+--steps steps).
 
 Per mode and batch: wall time per step, time to first audio, audio seconds per second, and (a second pass with
 `profile=True`, which drains the device around each part) the seconds per call of prefill, step, render and the
 sentence-end render. The engine's own decode rate (Engine with CUDA graphs, same batch) is the reference.
 
-    python3 benchmarks/serve_profile.py --device cuda --precision bf16 --batches 1,16,64 [--compile] --out OUT.json
+    python3 benchmarks/serve_profile.py --device cuda --precision bf16 --batches 1,16,64 --modes graphs,compiled \
+        [--compile] --out OUT.json
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -64,7 +67,8 @@ def main() -> int:
     p.add_argument("--precision", default="bf16")
     p.add_argument("--slots", type=int, default=64)
     p.add_argument("--batches", default="1,16,64")
-    p.add_argument("--modes", default="eager,graphs")
+    p.add_argument("--modes", default="eager,graphs,compiled", help="eager, graphs, compiled (the scheduler's step)")
+    p.add_argument("--warm-up-positions", type=int, default=1024, help="cache lengths warmed up (compiled) before")
     p.add_argument("--steps", type=int, default=235)
     p.add_argument("--compile", action="store_true", help="torch.compile the GPT blocks (ttsq serve --compile)")
     p.add_argument("--out", required=True)
@@ -95,12 +99,32 @@ def main() -> int:
             for B in batches
         }
         print(json.dumps(report["engine_steps_per_s"]), flush=True)
+    ref = None
     for mode in a.modes.split(","):
-        sched = Scheduler(synth, slots=a.slots, params=params, max_chars=60, graphs=mode == "graphs")
+        sched = Scheduler(
+            synth,
+            slots=a.slots,
+            params=params,
+            max_chars=60,
+            graphs=mode != "eager" and dev.type == "cuda",
+            compile=mode == "compiled",
+        )
         t0 = time.perf_counter()
-        captured = sched.warm_up(lengths=1024)
+        captured = sched.warm_up(lengths=a.warm_up_positions)
         res: dict = {"warm_up_s": round(time.perf_counter() - t0, 2), "graphs_captured": captured, "runs": []}
+        print(mode, json.dumps(res), flush=True)
         run_batch(sched, 1, 999)  # first-use costs
+        # the same two requests in every mode: how far a mode's audio is from the first mode's (bf16 rounding, and
+        # the compiled step's fusions, can change a sampled code, after which the audio differs)
+        audio = [
+            np.concatenate([d for k, d in sched.submit(SENTENCE, seed=7 + i).events() if k == "audio"])
+            for i in range(2)
+        ]
+        ref = ref or audio
+        res["audio_vs_first_mode"] = [
+            {"samples": [len(x), len(y)], "max_abs_diff": float(np.abs(x[: len(y)] - y[: len(x)]).max())}
+            for x, y in zip(audio, ref)
+        ]
         for profile in (False, True):
             sched.profile = profile
             for B in batches:
@@ -114,8 +138,8 @@ def main() -> int:
         del sched
         if dev.type == "cuda":
             torch.cuda.empty_cache()
-    Path(a.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(a.out).write_text(json.dumps(report, indent=1) + "\n")
+        Path(a.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(a.out).write_text(json.dumps(report, indent=1) + "\n")  # after each mode: a later one may not finish
     return 0
 
 

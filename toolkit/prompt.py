@@ -27,6 +27,14 @@ class Voice:
     sample_text: str = ""
 
 
+def to_device(t: Tensor, device: torch.device) -> Tensor:
+    """t on device; a host tensor goes to a GPU through pinned memory without waiting, so that the host does not
+    wait for the work queued on the stream (a pageable copy would)."""
+    if device.type == "cuda" and t.device.type == "cpu":
+        return t.pin_memory().to(device, non_blocking=True)
+    return t.to(device)
+
+
 def encode_prompts(model: TTSModel, sentences: Sequence[str], speaker: Tensor | Voice) -> tuple[Tensor, Tensor]:
     """-> emb (B, T, D) on the model's device with the speaker placed, valid (B, T) non-padding."""
     voice = speaker if isinstance(speaker, Voice) else Voice(speaker)
@@ -46,13 +54,13 @@ def encode_prompts(model: TTSModel, sentences: Sequence[str], speaker: Tensor | 
     if int(ids.max()) >= gpt.cfg.num_text_tokens:
         raise ValueError("the tokenizer produced ids beyond the model's text vocabulary: wrong tokenizer.json?")
     device = gpt.emb_text.weight.device
-    ids, valid = ids.to(device), valid.to(device)
+    ids, valid = to_device(ids, device), to_device(valid, device)
     emb = gpt.embed(ids[..., None].expand(-1, -1, gpt.cfg.num_vq), torch.ones_like(valid))
     spk_id = tok.token_id("[spk_emb]")
     if voice.vector is not None and spk_id is not None:
-        emb = apply_speaker(emb, ids == spk_id, voice.vector.to(device)[None].expand(len(sentences), -1))
+        emb = apply_speaker(emb, ids == spk_id, to_device(voice.vector, device)[None].expand(len(sentences), -1))
     if voice.sample_codes is not None:  # the sample's audio follows [Ptts] in every row (rows are left-padded)
-        smp = gpt.embed_codes(voice.sample_codes.to(device).long()).to(emb.dtype)
+        smp = gpt.embed_codes(to_device(voice.sample_codes, device).long()).to(emb.dtype)
         emb = torch.cat([emb, smp[None].expand(len(sentences), -1, -1)], 1)
         valid = torch.cat([valid, torch.ones(len(sentences), len(smp), dtype=valid.dtype, device=device)], 1)
     return emb, valid

@@ -44,14 +44,17 @@ import torch
 from torch import Tensor, nn
 
 from .engine import CACHE_BUCKET, PREFILL_BUCKET, CaptureError, NumericalError, sync_device
-from .models.gpt import KVCache
+from .models.gpt import KVCache, call_block
 from .plan import Plan
-from .prompt import Voice, encode_prompts
+from .prompt import Voice, encode_prompts, to_device
 from .sampling import SamplingParams, sample_codes
-from .streaming import StreamRenderer, finish_many, push_many
+from .streaming import Rendered, StreamRenderer, finish_many, push_many
 from .synthesizer import OutOfMemory, Synthesizer, _is_out_of_memory
 
 PREFILL_GRAPH_MAX = 256  # prompts up to this many tokens prefill through graphs (longer ones, rare, without)
+# with compile, the step compiles once per (batch bucket, cache bucket): fewer, coarser buckets bound the warm-up
+COMPILED_BATCHES = (16, 32)  # and slots
+COMPILED_CACHE_BUCKET = 2 * CACHE_BUCKET
 
 
 class QueueFull(RuntimeError):
@@ -121,8 +124,11 @@ class _CacheView(KVCache):
         self.k, self.v = k, v
 
 
-def batch_buckets(slots: int) -> list[int]:
-    """The batch sizes a step runs at (active rows padded up to the next): 1, 2, 4, multiples of 8, and slots."""
+def batch_buckets(slots: int, compiled: bool = False) -> list[int]:
+    """The batch sizes a step runs at (active rows padded up to the next): 1, 2, 4, multiples of 8, and slots; with
+    compiled, COMPILED_BATCHES and slots (each size is a compile)."""
+    if compiled:
+        return sorted({b for b in COMPILED_BATCHES if b < slots} | {slots})
     sizes = {b for b in (1, 2, 4) if b < slots} | set(range(8, slots, 8)) | {slots}
     return sorted(sizes)
 
@@ -142,6 +148,7 @@ class Scheduler:
         graphs: bool | None = None,
         batch_prefill: bool | None = None,
         render_every: int | None = None,
+        compile: bool = False,
         profile: bool = False,
     ):
         """slots: requests decoded together at most; max_queue: requests waiting for a slot at most (submit raises
@@ -150,7 +157,10 @@ class Scheduler:
         must fit in it). graphs: replay each step as a CUDA graph at padded batch sizes (None: on CUDA where the
         synthesizer's engine uses graphs). batch_prefill: prefill the requests admitted together as one batch
         (None: on CUDA; elsewhere each alone, which gives synthesize()'s codes exactly). render_every: steps between
-        the renders of every row's new states (default 2 * chunk: fewer, larger batches cost less). profile: sync
+        the renders of every row's new states (default 2 * chunk: fewer, larger batches cost less). compile:
+        torch.compile the whole decode step (sampler, every block, bookkeeping) with static shapes, once per (batch
+        bucket, cache bucket), coarser buckets than without (COMPILED_BATCHES, COMPILED_CACHE_BUCKET); on CUDA the
+        compiled step is captured as the step's graph. warm_up() then compiles for seconds per bucket. profile: sync
         the device around prefill, step and render and add their seconds to `timings` (slower; for benchmarks)."""
         if slots < 1 or max_queue < 0:
             raise ValueError(f"slots must be >= 1 and max_queue >= 0, got {slots} and {max_queue}")
@@ -187,11 +197,27 @@ class Scheduler:
         self.pos_d = torch.zeros((), dtype=torch.long, device=dev)
         self.flags = torch.zeros(2, slots, dtype=torch.bool, device=dev)  # EOS sampled, logits not finite
         self.rows_index = torch.arange(slots, device=dev)
-        self.buckets = batch_buckets(slots)
+        self.compiled = compile
+        self.buckets = batch_buckets(slots, compile)  # the step's
+        self.prefill_buckets = batch_buckets(slots)
+        self.cache_bucket = COMPILED_CACHE_BUCKET if compile else CACHE_BUCKET
+        self._views: dict[tuple, tuple] = {}  # (rows, length) -> the cache views attention gets (one per shape)
+        self._decode_core: Callable[[int, int], None] = self._decode_rows
+        if compile:
+            import torch._dynamo as dynamo
+
+            # one compile per (batch bucket, cache bucket): past the limit dynamo would fall back to eager silently
+            dynamo.config.cache_size_limit = max(dynamo.config.cache_size_limit, 256)
+            dynamo.config.accumulated_cache_size_limit = max(dynamo.config.accumulated_cache_size_limit, 1024)
+            self._decode_core = torch.compile(self._decode_rows, fullgraph=True, dynamic=False)
         self._graphs: dict[tuple, torch.cuda.CUDAGraph] = {}  # steps (nb, S), prefills ("prefill", mb, Tb)
         self._pf: dict | None = None  # the prefill graphs' buffers
         self._inflight: tuple | None = None  # the step queued last, its outcome not taken in yet
         self._pool = None  # one memory pool for every captured step (they never run at once)
+        # renders run on a stream of their own beside the steps; their audio reaches the jobs through the outbox, in
+        # order, once its copy to the host is done: (Rendered or None, what to do then)
+        self._side = torch.cuda.Stream(dev) if cuda else None
+        self._outbox: deque[tuple[Rendered | None, Callable[[], None]]] = deque()
         self.run_block = synth.engine._run_block  # compiled where the synthesizer's engine compiles
         self.rows: list[_Row] = []
         self.pos = 0  # the cache position every active row writes next
@@ -250,7 +276,8 @@ class Scheduler:
         if not self.graphs:
             return 0
         top = min(lengths or self.L, self.L)
-        sizes = sorted({min(b * CACHE_BUCKET, self.L) for b in range(1, -(-top // CACHE_BUCKET) + 1)})
+        cb = self.cache_bucket
+        sizes = sorted({min(b * cb, self.L) for b in range(1, -(-top // cb) + 1)})
         with self._cond:  # the worker idles while nothing is submitted; this keeps it from starting meanwhile
             if self.rows or self.waiting:
                 raise RuntimeError("warm_up() captures on an idle scheduler: call it before submitting requests")
@@ -260,7 +287,7 @@ class Scheduler:
                     for nb in self.buckets:
                         self._graph(nb, S)
                 for Tb in range(PREFILL_BUCKET, prompts + 1, PREFILL_BUCKET):
-                    for mb in self.buckets:
+                    for mb in self.prefill_buckets:
                         self._prefill_graph(mb, Tb)
             return len(self._graphs) - before
 
@@ -281,6 +308,8 @@ class Scheduler:
     # --- the worker ------------------------------------------------------------------------
     def _run(self) -> None:
         while True:
+            if not self.rows:  # idle: whatever is still on its way to the host goes out now
+                self._deliver(wait=True)
             with self._cond:
                 while not self.waiting and not self.rows and not self._closing:
                     self._cond.wait()
@@ -407,19 +436,22 @@ class Scheduler:
         rows = [self._new_row(job, k, t) for (job, k, _), t in zip(items, lens)]
         graph = self.graphs and T <= PREFILL_GRAPH_MAX
         mb, Tb = (
-            (next(b for b in self.buckets if b >= m), -(-T // PREFILL_BUCKET) * PREFILL_BUCKET) if graph else (m, T)
+            (next(b for b in self.prefill_buckets if b >= m), -(-T // PREFILL_BUCKET) * PREFILL_BUCKET)
+            if graph
+            else (m, T)
         )
         buf = self._prefill_buffers() if graph else self._prefill_buffers(m, T)
         emb, valid = buf["emb"][:mb, :Tb], buf["valid"][:mb, :Tb]
         emb.zero_()
         for j, (e, t) in enumerate(zip(embs, lens)):
             emb[j, Tb - t :] = e
-        valid.copy_(torch.arange(Tb)[None] >= torch.tensor([Tb - t for t in lens] + [Tb] * (mb - m))[:, None])
+        pad = torch.tensor([Tb - t for t in lens] + [Tb] * (mb - m))
+        valid.copy_(to_device(torch.arange(Tb)[None] >= pad[:, None], dev))
         if graph:
             self._prefill_graph(mb, Tb).replay()
         else:
             self._prefill_core(buf, mb, Tb)
-        at = torch.tensor([row for *_, row in items], device=dev)
+        at = to_device(torch.tensor([row for *_, row in items]), dev)
         span = slice(self.pos - T, self.pos)
         for k, v, ck, cv in zip(self.k, self.v, buf["k"], buf["v"]):
             k[at, :, span] = ck[:m, :, Tb - T : Tb]
@@ -497,6 +529,11 @@ class Scheduler:
     def _decode(self, nb: int, S: int) -> None:
         """One decode step of rows [0, nb) over cache positions [0, S), on the static buffers alone (no host reads,
         so that it can be captured): sample from h, record, feed the codes back, advance each row and `pos_d`."""
+        with self._cache_view(slice(0, nb), S):
+            self._decode_core(nb, S)
+
+    def _decode_rows(self, nb: int, S: int) -> None:
+        """_decode's body, attention's cache views already in place (what compile traces)."""
         gpt, Q, V, p = self.gpt, self.Q, self.V, self.params
         steps = self.row_steps[:nb]
         rows = self.rows_index[:nb]
@@ -519,8 +556,8 @@ class Scheduler:
         x = gpt.embed_codes(ids)[:, None].to(self.h.dtype)
         slot = self.pos_d.view(1)
         self.key_valid[:nb].index_fill_(1, slot, True)
-        with self._cache_view(slice(0, nb), S):
-            out = gpt(x, slot, (self.rope_base[:nb] + steps)[:, None], self.run_block)[:, 0]
+        block = call_block if self.compiled else self.run_block  # the whole step compiles: plain blocks inside
+        out = gpt(x, slot, (self.rope_base[:nb] + steps)[:, None], block)[:, 0]
         self.history[: nb * Q].scatter_(1, (step_q % p.penalty_window)[:, None], ids.view(nb * Q, 1))
         self.h[:nb] = out
         steps += 1
@@ -621,6 +658,7 @@ class Scheduler:
         with self._timed("wait"):
             if ready is not None:
                 ready.synchronize()
+        self._deliver(wait=False)
         eos, bad = flags.tolist()
         where = {id(r): i for i, r in enumerate(self.rows)}
         done, ended, first = set(), [], set()
@@ -680,27 +718,51 @@ class Scheduler:
 
     def _render(self, idx: list[int], render=push_many) -> list[int]:
         """Render rows idx's pending states as one batch (streaming.push_many, or finish_many at their sentences'
-        ends) and emit the audio; -> the indices of rows whose request failed (all of them if the render did)."""
+        ends; on CUDA on the side stream, so the steps go on meanwhile) and emit the audio once on the host; -> the
+        indices of rows whose request failed (all of them if the render did)."""
         if not idx:
             return []
         rows = [self.rows[i] for i in idx]
         try:
-            pieces = render([(r.renderer, self._pending_states(i, r)) for i, r in zip(idx, rows)])
+            states = [self._pending_states(i, r) for i, r in zip(idx, rows)]  # on the step's stream, in its order
+            side = self._side
+            if side is not None:
+                side.wait_stream(torch.cuda.current_stream(side.device))
+                for t in states:  # the allocator must not hand them out again before the side stream is done
+                    t.record_stream(side)
+            with torch.cuda.stream(side) if side is not None else contextlib.nullcontext():
+                rendered = render([(r.renderer, t) for r, t in zip(rows, states)], defer=True)
         except Exception as e:  # noqa: BLE001 - these requests fail, the others go on
             for r in rows:
                 self._fail(r.job, e)
             return idx
-        for r, piece in zip(rows, pieces):
+        jobs = [r.job for r in rows]
+        for r in rows:
             r.pending = 0
-            self._emit(r, piece)
+        self._later(rendered, lambda: [self._emit(job, piece) for job, piece in zip(jobs, rendered.pieces())])
         return []
 
-    def _emit(self, r: _Row, piece: np.ndarray) -> None:
+    def _emit(self, job: Job, piece: np.ndarray) -> None:
         if piece.size:
-            if r.job.first_audio is None:
-                r.job.first_audio = time.perf_counter()
-            r.job.samples += piece.size
-            r.job.on_event(r.job, "audio", piece)
+            if job.first_audio is None:
+                job.first_audio = time.perf_counter()
+            job.samples += piece.size
+            job.on_event(job, "audio", piece)
+
+    def _later(self, rendered: Rendered | None, action: Callable[[], None]) -> None:
+        """Do action once `rendered` is on the host and every action queued before it is done (so that a job's
+        events keep their order: its audio, then its end)."""
+        self._outbox.append((rendered, action))
+        self._deliver(wait=False)
+
+    def _deliver(self, wait: bool) -> None:
+        """Do the outbox's actions in order, as far as their audio is on the host (with wait: all of them)."""
+        while self._outbox:
+            rendered, action = self._outbox[0]
+            if not (wait or rendered is None or rendered.ready()):
+                return
+            self._outbox.popleft()
+            action()
 
     # --- bookkeeping -------------------------------------------------------------------------
     def _need(self, rows: list[_Row]) -> int:
@@ -710,23 +772,27 @@ class Scheduler:
 
     def _cache_len(self, rows: list[_Row]) -> int:
         """Cache positions attention reads: the engine's bucketed length (its next chunk's end, in CACHE_BUCKETs)."""
-        return min(-(-self._need(rows) // CACHE_BUCKET) * CACHE_BUCKET, self.L)
+        return min(-(-self._need(rows) // self.cache_bucket) * self.cache_bucket, self.L)
 
     def _worth_compacting(self) -> bool:
         """Whether shifting the rows left now lowers the cache bucket attention reads, with half a bucket of steps
         to spare: every step reads the whole bucket, positions below the oldest row included."""
         shift = min(r.start for r in self.rows)
         need = self._need(self.rows)
-        return shift > 0 and need - shift + CACHE_BUCKET // 2 <= self._cache_len(self.rows) - CACHE_BUCKET
+        return shift > 0 and need - shift + CACHE_BUCKET // 2 <= self._cache_len(self.rows) - self.cache_bucket
 
     @contextlib.contextmanager
     def _cache_view(self, rows: slice, length: int):
         """The model's attention reads and writes rows `rows`, positions [0, length) of this scheduler's cache."""
         gpt = self.gpt
         saved = [layer.attention.kv_cache for layer in gpt.layers], gpt.key_valid
-        for layer, k, v in zip(gpt.layers, self.k, self.v):
-            layer.attention.kv_cache = _CacheView(k[rows, :, :length], v[rows, :, :length])
-        gpt.key_valid = self.key_valid[rows, :length]
+        key = (rows.start, rows.stop, length)
+        if key not in self._views:  # the same objects each time: a compiled step guards on what it was traced with
+            caches = [_CacheView(k[rows, :, :length], v[rows, :, :length]) for k, v in zip(self.k, self.v)]
+            self._views[key] = caches, self.key_valid[rows, :length]
+        caches, gpt.key_valid = self._views[key]
+        for layer, cache in zip(gpt.layers, caches):
+            layer.attention.kv_cache = cache
         try:
             yield
         finally:
@@ -767,6 +833,9 @@ class Scheduler:
             self.pos = 0  # idle: the next request starts at the cache's beginning, as the engine does
 
     def _end(self, job: Job, outcome: str) -> None:
+        self._later(None, lambda: self._ended(job, outcome))
+
+    def _ended(self, job: Job, outcome: str) -> None:
         job.outcome, job.finished = outcome, time.perf_counter()
         self._service_s += 0.2 * ((job.finished - job.submitted) - self._service_s)
         self.completed.append(job.id)
@@ -778,6 +847,9 @@ class Scheduler:
                 f"{self.synth.device} ran out of memory serving this request; it was dropped and the "
                 "server serves on. Retry, or send shorter texts"
             )
+        self._later(None, lambda: self._failed(job, e))
+
+    def _failed(self, job: Job, e: Exception) -> None:
         job.outcome, job.finished = "failed", time.perf_counter()
         self.completed.append(job.id)
         job.on_event(job, "error", e)

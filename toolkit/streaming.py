@@ -19,7 +19,7 @@ from torch import Tensor
 
 from .models import TTSModel
 from .plan import render_stream
-from .prompt import encode_prompts
+from .prompt import encode_prompts, to_device
 from .sampling import SamplingParams
 from .text import sentence_pieces
 
@@ -116,33 +116,65 @@ class StreamRenderer:
         return out
 
 
+class Rendered:
+    """Audio pieces of several renderers, rendered in batches on the current stream: on CUDA each batch's samples
+    are copied to pinned host memory behind an event, so the host need not wait; pieces() waits, ready() asks."""
+
+    def __init__(self, n: int):
+        self.n = n
+        self.parts: list[tuple[list[int], Tensor, np.ndarray]] = []  # (item indices, samples, piece boundaries)
+        self.event: torch.cuda.Event | None = None  # after the last copy (every batch runs on one stream)
+
+    def add(self, idx: list[int], samples: Tensor, bounds: np.ndarray) -> None:
+        samples = samples.float()
+        if samples.is_cuda:
+            host = torch.empty(samples.shape, dtype=samples.dtype, pin_memory=True)
+            host.copy_(samples, non_blocking=True)
+            self.event = torch.cuda.Event()
+            self.event.record()
+            samples = host
+        self.parts.append((idx, samples, bounds))
+
+    def ready(self) -> bool:
+        return self.event is None or self.event.query()
+
+    def pieces(self) -> list[np.ndarray]:
+        if self.event is not None:
+            self.event.synchronize()
+        out = [np.zeros(0, dtype=np.float32)] * self.n
+        for idx, samples, bounds in self.parts:
+            flat = samples.numpy()
+            for i, a, b in zip(idx, bounds[:-1], bounds[1:]):
+                out[i] = flat[a:b]
+        return out
+
+
 @torch.inference_mode()
-def push_many(items: list[tuple[StreamRenderer, Tensor]]) -> list[np.ndarray]:
+def push_many(items: list[tuple[StreamRenderer, Tensor]], defer: bool = False) -> list[np.ndarray] | Rendered:
     """`renderer.push(hidden)` for several renderers of one model at once (on the current stream): their windows run
     through the Decoder and Vocos as one batch, right-padded to the longest. Equal to pushing each alone up to float
     rounding: every emitted sample lies farther than the receptive radius from a window's end, so the padding, like
-    the states not known yet, cannot reach it."""
+    the states not known yet, cannot reach it. defer: -> a Rendered whose pieces() are the audio (the host copy not
+    waited for)."""
     live = []
     for r, hidden in items:
         r._append(hidden)
         t0, t1 = r.emitted, r._final_sample()
         live.append((r, t0, t1, r._window(t0, t1, None)) if t1 > t0 else None)
-    out = [np.zeros(0, dtype=np.float32)] * len(items)
+    out = Rendered(len(items))
     rows = [(i, *x) for i, x in enumerate(live) if x is not None]
-    if not rows:
-        return out
-    for (i, *_), piece in zip(rows, _render_windows(rows)):
-        out[i] = piece
-    return out
+    if rows:
+        out.add([i for i, *_ in rows], *_render_windows(rows))
+    return out if defer else out.pieces()
 
 
 @torch.inference_mode()
-def finish_many(items: list[tuple[StreamRenderer, Tensor]]) -> list[np.ndarray]:
+def finish_many(items: list[tuple[StreamRenderer, Tensor]], defer: bool = False) -> list[np.ndarray] | Rendered:
     """`renderer.finish()` after appending `hidden` (its states not pushed yet), for several renderers at once: the
     last windows end where each one's audio does, so only windows of one shape run as a batch (no padding, which
-    would reach the last samples); -> the rest of each one's audio."""
+    would reach the last samples); -> the rest of each one's audio (defer: as push_many's)."""
     groups: dict[tuple, list] = {}
-    out = [np.zeros(0, dtype=np.float32)] * len(items)
+    out = Rendered(len(items))
     for i, (r, hidden) in enumerate(items):
         r._append(hidden)
         if r.steps == 0:
@@ -154,14 +186,13 @@ def finish_many(items: list[tuple[StreamRenderer, Tensor]]) -> list[np.ndarray]:
         shape = (w[1] - w[0], w[2] - 2 * w[0], w[3] - 2 * w[0], w[4] - w[2], w[5] - w[2], t0 - w[4] * r.hop, t1 - t0)
         groups.setdefault(shape, []).append((i, r, t0, t1, w))
     for rows in groups.values():
-        for (i, *_), piece in zip(rows, _render_windows(rows)):
-            out[i] = piece
-    return out
+        out.add([i for i, *_ in rows], *_render_windows(rows))
+    return out if defer else out.pieces()
 
 
-def _render_windows(rows: list[tuple]) -> list[np.ndarray]:
+def _render_windows(rows: list[tuple]) -> tuple[Tensor, np.ndarray]:
     """(index, renderer, t0, t1, window) -> samples [t0, t1) of each, through the Decoder and Vocos as one batch
-    (windows right-padded to the longest), with one copy to the host."""
+    (windows right-padded to the longest): (every row's samples in one tensor, each row's bounds in it)."""
     model = rows[0][1].model
     S = max(w[1] - w[0] for *_, w in rows)
     states = torch.stack(
@@ -189,19 +220,15 @@ def _render_windows(rows: list[tuple]) -> list[np.ndarray]:
     n = (F - 1) * hop + n_fft
     fold = dict(output_size=(1, n), kernel_size=(1, n_fft), stride=(1, hop))
     ola = torch.nn.functional.fold(frames_t, **fold).view(len(rows), n)
-    present = torch.arange(F, device=spec.device)[None] < torch.tensor([w[5] - w[4] for *_, w in rows])[:, None].to(
-        spec.device
-    )
+    frames = to_device(torch.tensor([w[5] - w[4] for *_, w in rows])[:, None], spec.device)
+    present = torch.arange(F, device=spec.device)[None] < frames
     env = torch.nn.functional.fold((window**2)[None, :, None] * present[:, None], **fold).view(len(rows), n)
     segs = [(t0 - (w[4] * hop - half), t1 - (w[4] * hop - half)) for _, _, t0, t1, w in rows]
     ola = ola / env.clamp(min=1e-11)
-    samples = (
-        torch.cat([ola[b, a:e] for b, (a, e) in enumerate(segs)]).float().cpu().numpy()
-    )  # one copy to the host (and one wait) for the whole batch
-    starts = np.cumsum([0] + [e - a for a, e in segs])
+    samples = torch.cat([ola[b, a:e] for b, (a, e) in enumerate(segs)])  # one copy to the host for the batch
     for _, r, _, t1, _ in rows:
         r.emitted = t1
-    return [samples[a:b] for a, b in zip(starts[:-1], starts[1:])]
+    return samples, np.cumsum([0] + [e - a for a, e in segs])
 
 
 def stream_text(

@@ -31,9 +31,9 @@ def build(opts: ServeOptions):
     from ..synthesizer import Synthesizer
     from .app import ServerConfig, create_app
 
-    synth = Synthesizer(opts.model, opts.device, opts.precision, compile="block" if opts.compile else False)
-    scheduler = Scheduler(synth, slots=opts.slots, max_queue=opts.max_queue)
-    scheduler.warm_up()  # the step's CUDA graphs, every batch and cache bucket (nothing on the CPU)
+    synth = Synthesizer(opts.model, opts.device, opts.precision, compile=False)  # --compile: the scheduler's step
+    scheduler = Scheduler(synth, slots=opts.slots, max_queue=opts.max_queue, compile=opts.compile)
+    scheduler.warm_up()  # the step's CUDA graphs (compiled with --compile), every batch and cache bucket
     for _ in scheduler.submit("Warm up.").events():
         pass
     return create_app(scheduler, ServerConfig(model_id(opts.model), opts.max_input_chars))
