@@ -550,8 +550,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument(
         "--compile",
         action="store_true",
-        help="torch.compile the scheduler's whole decode step, once per batch and cache bucket (a warm-up of "
-        "minutes; benchmarks/README.md)",
+        help="torch.compile the scheduler's whole decode step, once per batch and cache bucket (a warm-up of a "
+        "minute or more): faster for a few streams, slower for many (benchmarks/README.md)",
     )
     s.set_defaults(func=cmd_serve)
 
