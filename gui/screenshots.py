@@ -30,9 +30,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-asr", dest="asr", action="store_false", help="leave the WER/CER column empty (faster)")
     a = p.parse_args(argv)
     os.environ.setdefault("TORCHAO_FORCE_SKIP_LOADING_SO_FILES", "1")
-    from PySide6.QtCore import QSettings, QTimer
+    from PySide6.QtCore import QPoint, QSettings, QTimer
+    from PySide6.QtGui import QPainter
     from PySide6.QtWidgets import QApplication
 
+    from . import workers
     from .dialogs import ExportDialog, QuantizeDialog
     from .window import MainWindow
 
@@ -48,6 +50,9 @@ def main(argv: list[str] | None = None) -> int:
     win.dnsmos.setChecked(a.dnsmos)
     win.asr.setChecked(a.asr)
     win.show()
+    panel = win.main.widget(0)  # the left panel (a scroll area) dragged as wide as its rows need
+    need = panel.widget().sizeHint().width() + 2 * panel.frameWidth() + panel.verticalScrollBar().sizeHint().width()
+    win.main.setSizes([need, a.width - need])
 
     def pump(ms: int = 200):
         end = QTimer()
@@ -63,6 +68,15 @@ def main(argv: list[str] | None = None) -> int:
 
     pump(500)
     shot(win, "01-start.png")
+    win.speaker.showPopup()  # the voice's named voices: the popup is a window of its own, drawn onto the grab
+    pump(300)
+    popup = win.speaker.view().window()
+    pix = win.grab()
+    painter = QPainter(pix)
+    painter.drawPixmap(popup.mapToGlobal(QPoint(0, 0)) - win.mapToGlobal(QPoint(0, 0)), popup.grab())
+    painter.end()
+    pix.save(str(out / "01b-speaker-list.png"))
+    win.speaker.hidePopup()
     win.synthesize()
     while win.busy() and not win.results:
         pump(50)
@@ -72,13 +86,15 @@ def main(argv: list[str] | None = None) -> int:
     win.ab_button.setChecked(False)
     win.chart_axis.setCurrentText("MCD vs FP32")  # the noise floor's band is widest here
     shot(win, "03-results.png")
-    if a.artifact:
-        win.set_model(a.artifact)
+    if a.artifact:  # "Add model…": the artifact and its source's FP32 as a group of their own
+        win.set_precisions(["fp32"])
+        group = win.add_other(a.artifact)
         win.synthesize()
         while win.busy():
             pump(100)
-        if win.artifact_label() in win.results:
-            win.table.select(win.artifact_label())
+        label = workers.row_name(group, Path(a.artifact).name)
+        if label in win.results:
+            win.table.select(label)
         shot(win, "04-artifact-vs-fp32.png")
     for name, r in win.results.items():  # what the pictures show, for the reader of the log (and the test)
         mcd = r["mcd_db"] if r["mcd_db"] is None else round(r["mcd_db"], 2)
@@ -89,16 +105,29 @@ def main(argv: list[str] | None = None) -> int:
     if win.floor:
         print(f"noise floor: MCD {win.floor['mcd_db']:.2f} dB, WER/CER {win.floor['asr_rate']}")
     win.resize(1024, 700)
+    win.main.setSizes([320, 1024 - 320])  # the window's own split at 1024 px (the left panel scrolls)
     shot(win, "05-results-1024px.png")
     win.resize(a.width, a.height)
     if win.error_box is not None:
         print(f"error: {win.error_box.text()}", file=sys.stderr)
         return 1
-    for cls, name in ((QuantizeDialog, "06-quantize-dialog.png"), (ExportDialog, "07-export-dialog.png")):
-        d = cls(a.model, "cpu", win)
-        d.show()
-        shot(d, name)
-        d.close()
+    d = QuantizeDialog(a.model, "cpu", win)  # int4, two layers kept in float, run until its expected time shows
+    d.precision.setCurrentText("int4")
+    d.keep.setValue(2)
+    d.out.setText(str(Path(tempfile.mkdtemp()) / "q"))
+    d.show()
+    d.start()
+    while d.busy() and not d.expected:
+        pump(100)
+    shot(d, "06-quantize-dialog.png")
+    d.cancel_or_close()
+    while d.busy():
+        pump(100)
+    d.close()
+    d = ExportDialog(a.model, "cpu", win)
+    d.show()
+    shot(d, "07-export-dialog.png")
+    d.close()
     win.set_model("/no/such/model")
     win.synthesize()
     while win.busy():

@@ -746,5 +746,5 @@ def test_walkthrough_compares_an_int4_artifact_with_fp32_under_xvfb(tiny_dir, tm
     ):
         assert (out / name).stat().st_size > 5000, name
     assert "result fp32: " in r.stdout and "noise floor: MCD " in r.stdout, r.stdout
-    line = next(x for x in r.stdout.splitlines() if x.startswith("result tiny-q4: "))
+    line = next(x for x in r.stdout.splitlines() if x.startswith("result tiny-q4 · tiny-q4: "))
     assert f"from {art}" in line and "MCD vs FP32 None" not in line, line
