@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the lab (training/) is not installed
-from training.voice.corpus import load_pack, save_pack  # noqa: E402
+from training.voice.corpus import SR, load_pack, save_pack  # noqa: E402
 
 # per-utterance arrays, and the offset arrays that index the concatenated ones: (values, offsets)
 PER_UTT = ("spk", "lang")
@@ -43,7 +43,7 @@ def subset(pack: dict, lo: int, hi: int) -> dict:
     out["wav"] = np.concatenate(parts) if parts else pack["wav"][:0]
     out["wav_off"] = np.cumsum([0] + [len(p) for p in parts]).astype(pack["wav_off"].dtype)
     out["wav_utt"] = (pack["wav_utt"][keep] - lo).astype(pack["wav_utt"].dtype)
-    out["info"] = dict(pack["info"], utterances=hi - lo)
+    out["info"] = _info(pack["info"], out)
     return out
 
 
@@ -64,8 +64,14 @@ def join(packs: list[dict]) -> dict:
     out["mel_off"], out["wav_off"] = offsets("mel_off"), offsets("wav_off")
     starts = np.cumsum([0] + [len(p["spk"]) for p in packs[:-1]])
     out["wav_utt"] = np.concatenate([p["wav_utt"] + s for p, s in zip(packs, starts)]).astype(packs[0]["wav_utt"].dtype)
-    out["info"] = dict(packs[0]["info"], utterances=int(len(out["spk"])))
+    out["info"] = _info(packs[0]["info"], out)
     return out
+
+
+def _info(info: dict, pack: dict) -> dict:
+    """pack.json's figures for these utterances (the voice's manifest reports them as its training corpus)."""
+    seconds = round(float(pack["mel_off"][-1]) * 256 / SR, 1)  # 256: the mel hop, as corpus.py
+    return dict(info, utterances=int(len(pack["spk"])), train_seconds=seconds)
 
 
 def write(pack: dict, folder: Path, tokenizer: Path) -> None:
