@@ -99,6 +99,7 @@ class GPTStage:
     restart_schedule: bool = False  # a resumed run starts its curriculum and guided-attention schedule again
     freeze_gpt: bool = False  # train the Decoder only
     code_noise: float = 0.0  # share of the GPT's input audio codes replaced by random ones (targets kept)
+    reset_speakers: str = ""  # comma-separated voices whose speaker vectors a resumed run draws afresh
     eos_weight: float = 1.0
     guided: float = 1.0  # guided-attention loss weight
     mel_weight: float = 1.0
@@ -644,6 +645,17 @@ def build_batch(
     return x, tgt, T.to(device), N.to(device), L
 
 
+def reset_speaker_rows(table: Tensor, speakers: list[str], names: str, g: np.random.Generator) -> None:
+    """Draw the named voices' rows of a resumed speaker table afresh, at the table's mean row norm: a voice whose
+    teacher changed would otherwise start from a vector that asks the GPT for the old teacher's codes, and the
+    fine-tune learns to ignore it (the voice then speaks like the others)."""
+    for name in filter(None, (n.strip() for n in names.split(","))):
+        if name not in speakers:
+            raise SystemExit(f"--reset-speakers: {name!r} is not one of the pack's speakers {speakers}")
+        row = torch.from_numpy(g.standard_normal(table.shape[1])).to(table)
+        table[speakers.index(name)] = row * table.norm(dim=1).mean() / row.norm()
+
+
 def decoder_states(h: Tensor, T: Tensor, N: Tensor, L: int) -> Tensor:
     """The states the Decoder reads, (B, max N, hidden): each code's is the one it was sampled from, T-1 .. T+N-2."""
     j = torch.arange(int(N.max()), device=h.device)
@@ -733,6 +745,7 @@ def train_gpt(
             )
         spk_table.data.copy_(prev[0]["spk_table"].to(device))
         step0 = prev[1].get("step", 0)
+        reset_speaker_rows(spk_table.data, data.info["speakers"], st.reset_speakers, g)
     guided = GuidedAttention(gpt, layer=min(GUIDED_LAYER, cfg.gpt.layers - 1), heads=GUIDED_HEADS)
     vocos = None
     if st.decoder_stft > 0:  # the run's vocoder, frozen: it only scores the Decoder's mels
@@ -1044,6 +1057,12 @@ def parser() -> argparse.ArgumentParser:
         default=0.0,
         help="gpt stage: replace this share of the input audio codes by random ones (targets kept), so "
         "that the GPT reads the text instead of continuing its own codes",
+    )
+    ap.add_argument(
+        "--reset-speakers",
+        default="",
+        help="gpt stage, resumed: comma-separated voices (e.g. f2,f4) whose speaker vectors start afresh, for "
+        "voices whose teacher changed",
     )
     ap.add_argument("--guided", type=float, default=1.0, help="guided-attention loss weight")
     ap.add_argument("--eos-weight", type=float, default=1.0, help="weight of the EOS target in the code loss")
