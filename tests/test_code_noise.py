@@ -36,3 +36,28 @@ def test_each_stage_config_reads_its_own_flags_and_defaults_as_the_command_line_
     assert stage_config(GPTStage, defaults, "gpt_") == GPTStage(out=Path("r"))
     export = parser().parse_args(["--export", "v", "--resume", "r", "--data", "p"])
     assert stage_config(ExportConfig, export) == ExportConfig(export=Path("v"), resume=Path("r"), data=Path("p"))
+
+
+def test_reset_speakers_redraws_only_the_named_rows_at_the_tables_norm():
+    """train --reset-speakers f2,f4: those rows are new random vectors at the table's mean row norm, the others are
+    kept, the same seed draws the same vectors, and a voice the pack lacks stops the run with its name."""
+    import numpy as np
+    import pytest
+
+    from training.voice.train import GPTStage, parser, reset_speaker_rows, stage_config
+
+    speakers = ["m1", "f2", "m3", "f4"]
+    table = torch.randn(4, 64, generator=torch.Generator().manual_seed(0)) * 3
+    out = table.clone()
+    reset_speaker_rows(out, speakers, "f2, f4", np.random.default_rng(0))
+    assert torch.equal(out[[0, 2]], table[[0, 2]])
+    cos = torch.nn.functional.cosine_similarity(out[[1, 3]], table[[1, 3]], dim=1)
+    assert cos.abs().max() < 0.5  # new directions, not the old vectors
+    assert torch.allclose(out[[1, 3]].norm(dim=1), table.norm(dim=1).mean().expand(2), rtol=1e-5)
+    again = table.clone()
+    reset_speaker_rows(again, speakers, "f2,f4", np.random.default_rng(0))
+    assert torch.equal(again, out)
+    with pytest.raises(SystemExit, match="'f9' is not one of the pack's speakers"):
+        reset_speaker_rows(table.clone(), speakers, "f9", np.random.default_rng(0))
+    args = parser().parse_args(["--out", "r", "--reset-speakers", "f2,f4"])
+    assert stage_config(GPTStage, args, "gpt_").reset_speakers == "f2,f4"

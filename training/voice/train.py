@@ -649,11 +649,12 @@ def reset_speaker_rows(table: Tensor, speakers: list[str], names: str, g: np.ran
     """Draw the named voices' rows of a resumed speaker table afresh, at the table's mean row norm: a voice whose
     teacher changed would otherwise start from a vector that asks the GPT for the old teacher's codes, and the
     fine-tune learns to ignore it (the voice then speaks like the others)."""
+    norm = table.norm(dim=1).mean()  # the table's as it was: each reset row would move it
     for name in filter(None, (n.strip() for n in names.split(","))):
         if name not in speakers:
             raise SystemExit(f"--reset-speakers: {name!r} is not one of the pack's speakers {speakers}")
         row = torch.from_numpy(g.standard_normal(table.shape[1])).to(table)
-        table[speakers.index(name)] = row * table.norm(dim=1).mean() / row.norm()
+        table[speakers.index(name)] = row * norm / row.norm()
 
 
 def decoder_states(h: Tensor, T: Tensor, N: Tensor, L: int) -> Tensor:
