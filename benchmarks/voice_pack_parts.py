@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the lab (training/) is not installed
-from training.voice.corpus import SR, load_pack, save_pack  # noqa: E402
+from training.voice.corpus import load_pack, save_pack, train_seconds  # noqa: E402
 
 # per-utterance arrays, and the offset arrays that index the concatenated ones: (values, offsets)
 PER_UTT = ("spk", "lang")
@@ -70,8 +70,7 @@ def join(packs: list[dict]) -> dict:
 
 def _info(info: dict, pack: dict) -> dict:
     """pack.json's figures for these utterances (the voice's manifest reports them as its training corpus)."""
-    seconds = round(float(pack["mel_off"][-1]) * 256 / SR, 1)  # 256: the mel hop, as corpus.py
-    return dict(info, utterances=int(len(pack["spk"])), train_seconds=seconds)
+    return dict(info, utterances=int(len(pack["spk"])), train_seconds=train_seconds(pack["mel_off"]))
 
 
 def write(pack: dict, folder: Path, tokenizer: Path) -> None:

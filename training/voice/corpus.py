@@ -54,6 +54,7 @@ from .espeak import SPEAKERS, SR, espeak_wav, trim
 
 # speaker name -> espeak voice variant suffix (each speaks en-us and Mandarin)
 MEL_LO, MEL_HI = -11.6, 4.4  # uint8 quantisation range of the log-mel (log clip 1e-5 = -11.51)
+MEL_HOP = 256  # samples per mel frame (the voice's Vocos hop)
 MAX_SECONDS = 8.0
 
 # ----------------------------------------------------------------------------------------------
@@ -708,6 +709,11 @@ def save_pack(folder: Path, **arrays) -> None:
     )  # PCM: a low preset, much faster for little size
 
 
+def train_seconds(mel_off: np.ndarray) -> float:
+    """A pack's training audio in seconds, from its mel offsets (pack.json's train_seconds)."""
+    return round(float(mel_off[-1]) * MEL_HOP / SR, 1)
+
+
 def load_pack(folder: Path) -> dict:
     import lzma
 
@@ -938,7 +944,7 @@ def build(
         "content": "+".join(k for k, v in (("codes", codes), ("mel", mels)) if v),
         "heldout": sum(it["split"] == "heldout" for it in items),
         "vocab_size": tok.vocab_size,
-        "train_seconds": round(float(mel_off[-1]) * 256 / SR, 1),
+        "train_seconds": train_seconds(mel_off),
         "vocoder_seconds": round(len(wav_all) / SR, 1),
         "pack_bytes": sum(f.stat().st_size for f in (out / "pack").iterdir()),
         "seed": seed,

@@ -646,9 +646,8 @@ def build_batch(
 
 
 def reset_speaker_rows(table: Tensor, speakers: list[str], names: str, g: np.random.Generator) -> None:
-    """Draw the named voices' rows of a resumed speaker table afresh, at the table's mean row norm: a voice whose
-    teacher changed would otherwise start from a vector that asks the GPT for the old teacher's codes, and the
-    fine-tune learns to ignore it (the voice then speaks like the others)."""
+    """Draw the named voices' rows of a resumed speaker table afresh, at the table's mean row norm, for voices whose
+    teacher changed: their old vectors ask the GPT for the old teacher's codes."""
     norm = table.norm(dim=1).mean()  # the table's as it was: each reset row would move it
     for name in filter(None, (n.strip() for n in names.split(","))):
         if name not in speakers:
