@@ -124,6 +124,21 @@ class _CacheView(KVCache):
         self.k, self.v = k, v
 
 
+class _RowsCache(KVCache):
+    """Whole cache buffers that the model writes at its batch's rows and reads up to `length` positions: in a compiled
+    step the buffers stay whole graph inputs (slicing them outside made the compiled step slower at batch 64)."""
+
+    def __init__(self, k: Tensor, v: Tensor, length: int):
+        nn.Module.__init__(self)
+        self.k, self.v, self.length = k, v, length
+
+    def update(self, pos: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        kc, vc = self.k[: k.shape[0]], self.v[: k.shape[0]]
+        kc.index_copy_(2, pos, k.to(kc.dtype))
+        vc.index_copy_(2, pos, v.to(vc.dtype))
+        return kc[:, :, : self.length], vc[:, :, : self.length]
+
+
 def batch_buckets(slots: int, compiled: bool = False) -> list[int]:
     """The batch sizes a step runs at (active rows padded up to the next): 1, 2, 4, multiples of 8, and slots; with
     compiled, COMPILED_BATCHES and slots (each size is a compile)."""
@@ -202,6 +217,7 @@ class Scheduler:
         self.prefill_buckets = batch_buckets(slots)
         self.cache_bucket = COMPILED_CACHE_BUCKET if compile else CACHE_BUCKET
         self._views: dict[tuple, tuple] = {}  # (rows, length) -> the cache views attention gets (one per shape)
+        self._whole_in_graph = compile  # the compiled step gets whole buffers (_RowsCache)
         self._decode_core: Callable[[int, int], None] = self._decode_rows
         if compile:
             import torch._dynamo as dynamo
@@ -529,7 +545,7 @@ class Scheduler:
     def _decode(self, nb: int, S: int) -> None:
         """One decode step of rows [0, nb) over cache positions [0, S), on the static buffers alone (no host reads,
         so that it can be captured): sample from h, record, feed the codes back, advance each row and `pos_d`."""
-        with self._cache_view(slice(0, nb), S):
+        with self._cache_view(slice(0, nb), S, whole=self._whole_in_graph):
             self._decode_core(nb, S)
 
     def _decode_rows(self, nb: int, S: int) -> None:
@@ -782,14 +798,19 @@ class Scheduler:
         return shift > 0 and need - shift + CACHE_BUCKET // 2 <= self._cache_len(self.rows) - self.cache_bucket
 
     @contextlib.contextmanager
-    def _cache_view(self, rows: slice, length: int):
-        """The model's attention reads and writes rows `rows`, positions [0, length) of this scheduler's cache."""
+    def _cache_view(self, rows: slice, length: int, whole: bool = False):
+        """The model's attention reads and writes rows `rows`, positions [0, length) of this scheduler's cache
+        (whole: rows from 0, as _RowsCache, which the model slices itself)."""
         gpt = self.gpt
         saved = [layer.attention.kv_cache for layer in gpt.layers], gpt.key_valid
-        key = (rows.start, rows.stop, length)
+        key = (rows.start, rows.stop, length, whole)
         if key not in self._views:  # the same objects each time: a compiled step guards on what it was traced with
-            caches = [_CacheView(k[rows, :, :length], v[rows, :, :length]) for k, v in zip(self.k, self.v)]
-            self._views[key] = caches, self.key_valid[rows, :length]
+            if whole:
+                caches = [_RowsCache(k, v, length) for k, v in zip(self.k, self.v)]
+                self._views[key] = caches, self.key_valid[:, :length]
+            else:
+                caches = [_CacheView(k[rows, :, :length], v[rows, :, :length]) for k, v in zip(self.k, self.v)]
+                self._views[key] = caches, self.key_valid[rows, :length]
         caches, gpt.key_valid = self._views[key]
         for layer, cache in zip(gpt.layers, caches):
             layer.attention.kv_cache = cache
