@@ -61,3 +61,24 @@ def test_reset_speakers_redraws_only_the_named_rows_at_the_tables_norm():
         reset_speaker_rows(table.clone(), speakers, "f9", np.random.default_rng(0))
     args = parser().parse_args(["--out", "r", "--reset-speakers", "f2,f4"])
     assert stage_config(GPTStage, args, "gpt_").reset_speakers == "f2,f4"
+
+
+def test_onset_weight_counts_each_utterances_first_frames_more():
+    """train --onset-weight 5 --onset-frames 3: the code loss weighs the targets of each row's first 3 audio frames
+    (which start after its own prompt) 5 times, and weight 1 is the plain loss."""
+    from training.voice.train import GPTStage, code_loss, onset_weights, parser, stage_config
+
+    T = torch.tensor([4, 6])  # prompt lengths: row 0's first audio target sits at position 3, row 1's at 5
+    w = onset_weights(T, 10, frames=3, weight=5.0)
+    assert w[0].tolist() == [1, 1, 1, 5, 5, 5, 1, 1, 1, 1]
+    assert w[1].tolist() == [1, 1, 1, 1, 1, 5, 5, 5, 1, 1]
+    g = torch.Generator().manual_seed(0)
+    logits, target = torch.randn(6, 4, 30, generator=g), torch.randint(0, 29, (6, 4), generator=g)
+    ce = torch.nn.functional.cross_entropy(logits.reshape(-1, 30), target.reshape(-1), reduction="none")
+    per_row = ce.view(6, 4).sum(1)
+    rows = torch.tensor([5.0, 1, 1, 1, 1, 1])
+    assert torch.allclose(code_loss(logits, target, 29, row_weight=rows), (per_row * rows).sum() / (4 * rows.sum()))
+    assert torch.allclose(code_loss(logits, target, 29, row_weight=torch.ones(6)), code_loss(logits, target, 29))
+    args = parser().parse_args(["--out", "r", "--onset-weight", "5", "--onset-frames", "12"])
+    st = stage_config(GPTStage, args, "gpt_")
+    assert (st.onset_weight, st.onset_frames) == (5.0, 12)

@@ -100,6 +100,8 @@ class GPTStage:
     freeze_gpt: bool = False  # train the Decoder only
     code_noise: float = 0.0  # share of the GPT's input audio codes replaced by random ones (targets kept)
     reset_speakers: str = ""  # comma-separated voices whose speaker vectors a resumed run draws afresh
+    onset_frames: int = 24  # the first audio frames of each utterance, weighted onset_weight in the code loss
+    onset_weight: float = 1.0
     eos_weight: float = 1.0
     guided: float = 1.0  # guided-attention loss weight
     mel_weight: float = 1.0
@@ -593,12 +595,25 @@ class GuidedAttention:
         return off_diagonal_mass(text_attention(self.attn, *self.x[:3], text_len, self.heads), text_len, code_len, g)
 
 
-def code_loss(logits: Tensor, target: Tensor, eos_code: int, eos_weight: float = 1.0) -> Tensor:
+def code_loss(
+    logits: Tensor, target: Tensor, eos_code: int, eos_weight: float = 1.0, row_weight: Tensor | None = None
+) -> Tensor:
     """Cross-entropy of logits (M, Q, V) against target (M, Q), each EOS target weighted eos_weight: v3 reads the
-    whole text, then stops late (docs/voice/MODEL_CARD.md), so the stop can be made to count more."""
+    whole text, then stops late (docs/voice/MODEL_CARD.md), so the stop can be made to count more. row_weight (M,)
+    weighs each position's targets too (onset_weights)."""
     ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), target.reshape(-1), reduction="none")
     weight = torch.where(target.reshape(-1) == eos_code, eos_weight, 1.0)
+    if row_weight is not None:
+        weight = weight * row_weight.repeat_interleave(target.shape[-1])
     return (ce * weight).sum() / weight.sum()
+
+
+def onset_weights(T: Tensor, L: int, frames: int, weight: float) -> Tensor:
+    """(B, L) loss weights: `weight` on the targets of each utterance's first `frames` audio frames, 1 elsewhere.
+    Those frames are where only the speaker vector says who speaks; later, the codes already there say it, so an
+    unweighted loss barely teaches the vector (a fine-tune merged new voices with m1 that way: docs/JOURNAL.md)."""
+    frame = torch.arange(L, device=T.device)[None] - (T[:, None] - 1)  # the audio frame each position predicts
+    return torch.where((frame >= 0) & (frame < frames), weight, 1.0)
 
 
 def corrupt_codes(cod: Tensor, is_audio: Tensor, p: float, vocab: int) -> Tensor:
@@ -794,7 +809,8 @@ def train_gpt(
             h = gpt.forward_full(x, valid)
             sel = tgt[..., 0] != -100
             logits = gpt.code_logits(h[sel])  # (M, Q, V)
-            ce = code_loss(logits, tgt[sel], gpt.cfg.eos_code, st.eos_weight)
+            onset = onset_weights(T, L, st.onset_frames, st.onset_weight)[sel] if st.onset_weight != 1 else None
+            ce = code_loss(logits, tgt[sel], gpt.cfg.eos_code, st.eos_weight, onset)
             hid = decoder_states(h, T, N, L)
         with autocast(device):
             mel_pred = decoder(hid.transpose(1, 2))
@@ -1064,6 +1080,14 @@ def parser() -> argparse.ArgumentParser:
         help="gpt stage, resumed: comma-separated voices (e.g. f2,f4) whose speaker vectors start afresh, for "
         "voices whose teacher changed",
     )
+    ap.add_argument(
+        "--onset-weight",
+        type=float,
+        default=1.0,
+        help="gpt stage: weight of the code loss on each utterance's first --onset-frames frames, where only the "
+        "speaker vector tells the voice (above 1 teaches the vectors to matter)",
+    )
+    ap.add_argument("--onset-frames", type=int, default=24)
     ap.add_argument("--guided", type=float, default=1.0, help="guided-attention loss weight")
     ap.add_argument("--eos-weight", type=float, default=1.0, help="weight of the EOS target in the code loss")
     ap.add_argument("--log-every", type=int, default=50)
