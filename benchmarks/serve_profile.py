@@ -67,10 +67,15 @@ def main() -> int:
     p.add_argument("--precision", default="bf16")
     p.add_argument("--slots", type=int, default=64)
     p.add_argument("--batches", default="1,16,64")
-    p.add_argument("--modes", default="eager,graphs,compiled", help="eager, graphs, compiled (the scheduler's step)")
+    p.add_argument(
+        "--modes",
+        default="eager,graphs,compiled",
+        help="eager, graphs, compiled (the scheduler's step), compiled-views (the compiled step over cache views)",
+    )
     p.add_argument("--warm-up-positions", type=int, default=1024, help="cache lengths warmed up (compiled) before")
     p.add_argument("--steps", type=int, default=235)
     p.add_argument("--compile", action="store_true", help="torch.compile the GPT blocks (ttsq serve --compile)")
+    p.add_argument("--render-every", type=int, default=None, help="Scheduler(render_every=): steps between renders")
     p.add_argument("--out", required=True)
     a = p.parse_args()
     dev = torch.device(a.device)
@@ -108,6 +113,7 @@ def main() -> int:
             max_chars=60,
             graphs=mode != "eager" and dev.type == "cuda",
             compile=mode.startswith("compiled"),
+            render_every=a.render_every,
         )
         sched._whole_in_graph = mode == "compiled"  # compiled-views: the cache sliced outside the compiled step
         t0 = time.perf_counter()
