@@ -6,7 +6,8 @@
 # --warm-up-positions 1024 to compile only the cache lengths 64 streams of one-sentence prompts reach);
 # SERVE_LOAD_NAME names the result files (default serve_load_gpu).
 #   here:        bash benchmarks/serve_wheels.sh          (fills .whl/serve/, about 9 MiB)
-#   the device:  carry .whl/serve, run `bash benchmarks/serve_load_gpu.sh`
+#   the device:  carry .whl/serve, run `TTSQ_COMMIT=<this checkout's commit> bash benchmarks/serve_load_gpu.sh`
+#                (the device's copy of .git can be stale: its HEAD once named an older commit than the one that ran)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site .whl/serve/*.whl 2>&1 \
