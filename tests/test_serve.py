@@ -445,3 +445,24 @@ def test_prompts_prefilled_as_one_batch_get_the_audio_each_gets_alone():
     assert sched.timings["prefill_batch"][1] >= 1 and "prefill" not in sched.timings
     for g, w in zip(got, want):
         assert len(g) == len(w) and np.abs(g - w).max() < 1e-3
+
+
+def test_compiled_step_over_whole_cache_buffers_gives_the_uncompiled_audio():
+    """Scheduler(compile=True), what `ttsq serve --compile` runs: the whole decode step through torch.compile, its
+    attention given the whole cache buffers to slice inside the compiled graph. Two requests decoded together must
+    get the audio the uncompiled step gives them (fp32 on the CPU: the fused kernels round differently, by ~1e-5)."""
+    synth = Synthesizer(device="cpu")
+    texts = ["Hello there, how are you today?", "The river runs past the old mill."]
+
+    def serve(compile: bool) -> list[np.ndarray]:
+        sched = Scheduler(synth, slots=2, max_queue=4, compile=compile)
+        assert sched._whole_in_graph == compile
+        with sched._cond:  # both admitted at one step boundary, so that they decode as one batch
+            jobs = [sched.submit(t, seed=i) for i, t in enumerate(texts)]
+        out = [np.concatenate([d for k, d in j.events() if k == "audio"]) for j in jobs]
+        sched.close()
+        return out
+
+    want, got = serve(False), serve(True)
+    for g, w in zip(got, want):
+        assert len(g) == len(w) and np.abs(g - w).max() < 1e-3
