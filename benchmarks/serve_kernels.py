@@ -4,7 +4,6 @@ steps taken mid-decode, per mode:
   graphs          the step replayed as CUDA graphs (what `ttsq serve` runs)
   compiled        the whole step torch.compile'd under its graphs, attention given the whole cache buffers (sliced
                   inside the compiled graph): what `ttsq serve --compile` runs
-  compiled-views  the same, attention reading views of the cache sliced outside the compiled graph
   eager           no graphs (the kernels alone, launched from the host)
 Per mode: wall ms per step in the window, GPU kernel ms per step (the sum of kernel times: what the device works),
 kernels per step, and the kernels that take most. The engine's own steps/s at the same batch (graphs, and its whole
@@ -71,9 +70,8 @@ def profile_mode(synth: Synthesizer, mode: str, a) -> dict:
         params=params,
         max_chars=60,
         graphs=mode != "eager" and synth.device.type == "cuda",
-        compile=mode.startswith("compiled"),
+        compile=mode == "compiled",
     )
-    sched._whole_in_graph = mode == "compiled"
     t0 = time.perf_counter()
     captured = sched.warm_up(lengths=a.warm_up_positions)
     out: dict = {"warm_up_s": round(time.perf_counter() - t0, 2), "graphs_captured": captured}
@@ -102,7 +100,7 @@ def main() -> int:
     p.add_argument("--device", default="cuda", help="cuda (cpu: a smoke run of the eager mode, no kernel times)")
     p.add_argument("--precision", default="bf16")
     p.add_argument("--batch", type=int, default=64)
-    p.add_argument("--modes", default="graphs,compiled,compiled-views,eager")
+    p.add_argument("--modes", default="graphs,compiled,eager")
     p.add_argument("--steps", type=int, default=235, help="steps per sentence (EOS barred)")
     p.add_argument("--skip", type=int, default=60, help="steps decoded before the window (admission, first renders)")
     p.add_argument("--window", type=int, default=100)

@@ -70,7 +70,7 @@ def main() -> int:
     p.add_argument(
         "--modes",
         default="eager,graphs,compiled",
-        help="eager, graphs, compiled (the scheduler's step), compiled-views (the compiled step over cache views)",
+        help="eager, graphs, compiled (the scheduler's step)",
     )
     p.add_argument("--warm-up-positions", type=int, default=1024, help="cache lengths warmed up (compiled) before")
     p.add_argument("--steps", type=int, default=235)
@@ -112,10 +112,9 @@ def main() -> int:
             params=params,
             max_chars=60,
             graphs=mode != "eager" and dev.type == "cuda",
-            compile=mode.startswith("compiled"),
+            compile=mode == "compiled",
             render_every=a.render_every,
         )
-        sched._whole_in_graph = mode == "compiled"  # compiled-views: the cache sliced outside the compiled step
         t0 = time.perf_counter()
         captured = sched.warm_up(lengths=a.warm_up_positions) if a.warm_up_positions else 0
         res: dict = {"warm_up_s": round(time.perf_counter() - t0, 2), "graphs_captured": captured, "runs": []}

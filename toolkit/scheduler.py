@@ -126,7 +126,7 @@ class _CacheView(KVCache):
 
 class _RowsCache(KVCache):
     """Whole cache buffers that the model writes at its batch's rows and reads up to `length` positions: in a compiled
-    step the buffers stay whole graph inputs (slicing them outside made the compiled step slower at batch 64)."""
+    step the buffers stay whole graph inputs (views sliced outside made inductor copy them: benchmarks/README.md)."""
 
     def __init__(self, k: Tensor, v: Tensor, length: int):
         nn.Module.__init__(self)
@@ -217,7 +217,6 @@ class Scheduler:
         self.prefill_buckets = batch_buckets(slots)
         self.cache_bucket = COMPILED_CACHE_BUCKET if compile else CACHE_BUCKET
         self._views: dict[tuple, tuple] = {}  # (rows, length) -> the cache views attention gets (one per shape)
-        self._whole_in_graph = compile  # the compiled step gets whole buffers (_RowsCache)
         self._decode_core: Callable[[int, int], None] = self._decode_rows
         if compile:
             import torch._dynamo as dynamo
@@ -545,7 +544,7 @@ class Scheduler:
     def _decode(self, nb: int, S: int) -> None:
         """One decode step of rows [0, nb) over cache positions [0, S), on the static buffers alone (no host reads,
         so that it can be captured): sample from h, record, feed the codes back, advance each row and `pos_d`."""
-        with self._cache_view(slice(0, nb), S, whole=self._whole_in_graph):
+        with self._cache_view(slice(0, nb), S, whole=self.compiled):
             self._decode_core(nb, S)
 
     def _decode_rows(self, nb: int, S: int) -> None:
