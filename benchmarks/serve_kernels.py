@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -26,12 +25,11 @@ from torch.profiler import ProfilerActivity, profile
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks.serve_profile import SENTENCE, run_batch  # noqa: E402
 from toolkit import SamplingParams, Synthesizer  # noqa: E402
 from toolkit.bench import decode_rate, random_model  # noqa: E402
 from toolkit.scheduler import Scheduler  # noqa: E402
 from toolkit.synthesizer import load_model  # noqa: E402
-
-SENTENCE = "The quick brown fox jumps over the lazy dog."
 
 
 def wait_steps(sched: Scheduler, n: int, timeout: float = 120.0) -> None:
@@ -75,20 +73,19 @@ def profile_mode(synth: Synthesizer, mode: str, a) -> dict:
     t0 = time.perf_counter()
     captured = sched.warm_up(lengths=a.warm_up_positions)
     out: dict = {"warm_up_s": round(time.perf_counter() - t0, 2), "graphs_captured": captured}
-    for first_use in (True, False):
-        jobs = [sched.submit(SENTENCE, seed=100 * first_use + i) for i in range(a.batch)]
-        if not first_use:
-            wait_steps(sched, a.skip)
-            s0, t0 = sched.steps_run, time.perf_counter()
-            with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-                wait_steps(sched, a.window)
-                if synth.device.type == "cuda":
-                    torch.cuda.synchronize()
-            steps, wall = sched.steps_run - s0, time.perf_counter() - t0
-        for job in jobs:
-            for kind, data in job.events():
-                if kind == "error":
-                    raise data
+    run_batch(sched, a.batch, 0)  # first use: captures and compiles the warm-up left
+    jobs = [sched.submit(SENTENCE, seed=a.batch + i) for i in range(a.batch)]
+    wait_steps(sched, a.skip)
+    s0, t0 = sched.steps_run, time.perf_counter()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        wait_steps(sched, a.window)
+        if synth.device.type == "cuda":
+            torch.cuda.synchronize()
+    steps, wall = sched.steps_run - s0, time.perf_counter() - t0
+    for job in jobs:
+        for kind, data in job.events():
+            if kind == "error":
+                raise data
     out.update({"window_steps": steps, "wall_ms_per_step": round(1000 * wall / steps, 3)})
     out.update(kernel_table(prof, steps, a.top))
     sched.close()
@@ -138,7 +135,6 @@ def main() -> int:
         if dev.type == "cuda":
             torch.cuda.empty_cache()
         out.write_text(json.dumps(report, indent=1) + "\n")  # after each mode: a later one may not finish
-    print("threads", threading.active_count())
     return 0
 
 
