@@ -3,7 +3,10 @@ baseline in the same run (the same server, requests sent one at a time). Bounded
 
 The server runs in a subprocess of this script (its own interpreter, as `ttsq serve` would), on 127.0.0.1 only.
 Reported: p50/p95 time to first audio (request sent to first body byte), per-stream RTF (request sent to last byte,
-over the audio's duration), aggregate audio seconds per wall second, errors, server memory before and after.
+over the audio's duration), aggregate audio seconds per wall second, errors, server memory before and after. The
+aggregate is given twice: over the whole phase (ramp and drain included: the last clients finish alone), and over
+the time while every client was busy (from the start until the first client found no request left to send), which
+is the rate at N concurrent streams.
 
     # CPU, the shipped voice
     python3 benchmarks/serve_load.py --device cpu --clients 4 --slots 4 --requests 16 --baseline-requests 4 \\
@@ -90,6 +93,7 @@ def serve(a) -> None:
 async def one_request(client, text: str, seed: int) -> dict:
     t0 = time.perf_counter()
     row = {"chars": len(text), "status": None, "ttfa_s": None, "audio_s": 0.0, "total_s": None, "error": None}
+    row["arrivals"] = arrivals = []  # (perf_counter time, bytes) of each body chunk
     try:
         async with client.stream(
             "POST", "/v1/audio/speech", json={"model": "bench", "input": text, "seed": seed, "response_format": "pcm"}
@@ -100,9 +104,11 @@ async def one_request(client, text: str, seed: int) -> dict:
                 return row
             n = 0
             async for chunk in r.aiter_raw():
+                now = time.perf_counter()
                 if row["ttfa_s"] is None and chunk:
-                    row["ttfa_s"] = time.perf_counter() - t0
+                    row["ttfa_s"] = now - t0
                 n += len(chunk)
+                arrivals.append((now, len(chunk)))
         row["total_s"] = time.perf_counter() - t0
         row["audio_s"] = n / 2 / SAMPLE_RATE
     except Exception as e:  # noqa: BLE001 - counted, not fatal
@@ -121,12 +127,13 @@ async def phase(
     rows: list[dict] = []
     next_i = 0
     t_start = time.perf_counter()
+    busy_until = None  # when the first client found nothing left to send: fewer than `clients` streams after it
     deadline = t_start + time_limit
     limits = httpx.Limits(max_connections=clients + 4, max_keepalive_connections=clients + 4)
     async with httpx.AsyncClient(base_url=url, timeout=httpx.Timeout(time_limit + 60), limits=limits) as client:
 
         async def worker():
-            nonlocal next_i
+            nonlocal next_i, busy_until
             while next_i < requests and time.perf_counter() < deadline:
                 i = next_i
                 next_i += 1
@@ -138,10 +145,11 @@ async def phase(
                     )
                 except asyncio.TimeoutError:
                     rows.append({"chars": len(texts[i]), "status": None, "error": "past the time limit"})
+            busy_until = busy_until or time.perf_counter()
 
         await asyncio.gather(*(worker() for _ in range(clients)))
     wall = time.perf_counter() - t_start
-    return summarize(rows, wall, clients)
+    return summarize(rows, wall, clients, t_start, busy_until)
 
 
 def pct(values: list[float], q: float) -> float | None:
@@ -151,8 +159,10 @@ def pct(values: list[float], q: float) -> float | None:
     return values[min(len(values) - 1, max(0, round(q * (len(values) - 1))))]
 
 
-def summarize(rows: list[dict], wall: float, clients: int) -> dict:
+def summarize(rows: list[dict], wall: float, clients: int, t_start: float, busy_until: float) -> dict:
     ok = [r for r in rows if r.get("error") is None and r.get("audio_s")]
+    busy = busy_until - t_start
+    busy_bytes = sum(n for r in ok for t, n in r["arrivals"] if t <= busy_until)
     ttfa = [r["ttfa_s"] for r in ok]
     rtf = [r["total_s"] / r["audio_s"] for r in ok]
     audio = sum(r["audio_s"] for r in ok)
@@ -176,6 +186,8 @@ def summarize(rows: list[dict], wall: float, clients: int) -> dict:
         "streams_faster_than_real_time": sum(x < 1 for x in rtf),
         "audio_s": round(audio, 2),
         "audio_s_per_s": round(audio / wall, 3) if wall else None,
+        "all_busy_s": round(busy, 2),
+        "audio_s_per_s_all_busy": round(busy_bytes / 2 / SAMPLE_RATE / busy, 3) if busy > 0 else None,
         "mean_chars": round(statistics.mean(r["chars"] for r in rows), 1) if rows else None,
     }
 
@@ -223,8 +235,8 @@ def markdown(report: dict) -> str:
         f"hardware: {json.dumps(report['hardware'])}",
         "",
         "| phase | clients | ok/requests | errors | TTFA p50 | TTFA p95 | RTF p50 | RTF p95 | RTF max | "
-        "faster than real time | audio s/s |",
-        "|---" * 11 + "|",
+        "faster than real time | audio s/s | audio s/s, all clients busy |",
+        "|---" * 12 + "|",
     ]
     for name in ("baseline", "load"):
         p = report[name]
@@ -235,9 +247,15 @@ def markdown(report: dict) -> str:
         lines.append(
             f"| {name} | {p['clients']} | {p['ok']}/{p['requests']} | {p['errors'] or 0} | "
             f"{f(p['ttfa_p50_s'])} s | {f(p['ttfa_p95_s'])} s | {f(p['rtf_p50'])} | {f(p['rtf_p95'])} | "
-            f"{f(p['rtf_max'])} | {p['streams_faster_than_real_time']}/{p['ok']} | {p['audio_s_per_s']} |"
+            f"{f(p['rtf_max'])} | {p['streams_faster_than_real_time']}/{p['ok']} | {p['audio_s_per_s']} | "
+            f"{p['audio_s_per_s_all_busy']} (first {p['all_busy_s']} s) |"
         )
-    lines += ["", f"server memory before: {report['memory_before']}  ", f"after: {report['memory_after']}", ""]
+    lines += [
+        "",
+        "audio s/s: all the phase's audio over its wall time; all clients busy: the audio that arrived before the "
+        "first client found no request left, over that time.",
+        "",
+        f"server memory before: {report['memory_before']}  ", f"after: {report['memory_after']}", ""]
     return "\n".join(lines)
 
 
