@@ -255,7 +255,10 @@ def markdown(report: dict) -> str:
         "audio s/s: all the phase's audio over its wall time; all clients busy: the audio that arrived before the "
         "first client found no request left, over that time.",
         "",
-        f"server memory before: {report['memory_before']}  ", f"after: {report['memory_after']}", ""]
+        f"server memory before: {report['memory_before']}  ",
+        f"after: {report['memory_after']}",
+        "",
+    ]
     return "\n".join(lines)
 
 

@@ -10,8 +10,9 @@ Each row samples with its own generator (seeded like `Engine.generate`'s batch o
 repetition history, and attention reads a cache length bucketed as the engine's: a request served alone yields the
 codes `Synthesizer.synthesize` yields at batch 1, and in company the same up to the float rounding of batched
 matmuls. Audio is rendered as it comes (toolkit.streaming): every `render_every` steps all rows' new states in one
-batch, a row's first audio as soon as its states allow, and the sentences that end at a step together (windows of
-one shape in one batch). The text is split into sentences and seeded as `ttsq synth --batch-size 1` does (`Plan`);
+batch, a row's first audio as soon as its states allow; the windows are gathered from a ring of each row's states,
+so a render costs a fixed number of kernels whatever the rows. Sentences that end have their last windows gathered
+at once and rendered together with the next renders, or within `chunk` steps (windows of one length in one batch). The text is split into sentences and seeded as `ttsq synth --batch-size 1` does (`Plan`);
 they run one after another in the request's row.
 
 A step reads and writes only fixed device buffers (each row's step counter, rope base and the write position live
@@ -48,7 +49,7 @@ from .models.gpt import KVCache, call_block
 from .plan import Plan
 from .prompt import Voice, encode_prompts, to_device
 from .sampling import SamplingParams, sample_codes
-from .streaming import Rendered, StreamRenderer, finish_many, push_many
+from .streaming import Rendered, StreamRenderer, Windows, gather_ring, render_gathered, render_ring
 from .synthesizer import OutOfMemory, Synthesizer, _is_out_of_memory
 
 PREFILL_GRAPH_MAX = 256  # prompts up to this many tokens prefill through graphs (longer ones, rare, without)
@@ -100,6 +101,16 @@ class Job:
             yield kind, data
             if kind != "audio":
                 return
+
+
+@dataclass
+class _Ends:
+    """Sentence ends waiting to be rendered together (Scheduler._flush_ends): their windows, gathered at `step`."""
+
+    jobs: list[Job]
+    last: list[bool]  # whether it was the job's last sentence
+    batches: list[tuple[list[int], Windows]]
+    step: int
 
 
 @dataclass
@@ -204,8 +215,9 @@ class Scheduler:
         self.min_new = torch.tensor(self.params.min_new_tokens, device=dev)
         # the step's per-row state on the device, so that a step reads nothing from the host
         self.render_every = render_every or 2 * chunk
-        # ring of the states each row sampled from, read by the renders (pending <= render_every)
-        self.R = self.render_every + chunk
+        # ring of the states each row sampled from, which the renders gather their windows from: the new states
+        # (pending <= render_every), those a window reaches back to, and slack for the step in flight
+        self.R = self.render_every + chunk + StreamRenderer(synth.model).lookback
         self.ring = torch.zeros(slots, self.R, cfg.hidden, dtype=dtype, device=dev)
         self.row_steps = torch.zeros(slots, dtype=torch.long, device=dev)  # steps of the row's sentence so far
         self.rope_base = torch.zeros(slots, dtype=torch.long, device=dev)  # its prompt length
@@ -233,6 +245,7 @@ class Scheduler:
         # order, once its copy to the host is done: (Rendered or None, what to do then)
         self._side = torch.cuda.Stream(dev) if cuda else None
         self._outbox: deque[tuple[Rendered | None, Callable[[], None]]] = deque()
+        self._ends: list[_Ends] = []  # sentence ends gathered, not yet rendered
         self.run_block = synth.engine._run_block  # compiled where the synthesizer's engine compiles
         self.rows: list[_Row] = []
         self.pos = 0  # the cache position every active row writes next
@@ -324,6 +337,7 @@ class Scheduler:
     def _run(self) -> None:
         while True:
             if not self.rows:  # idle: whatever is still on its way to the host goes out now
+                self._flush_ends()
                 self._deliver(wait=True)
             with self._cond:
                 while not self.waiting and not self.rows and not self._closing:
@@ -704,11 +718,16 @@ class Scheduler:
         tick = self.steps_run % self.render_every == 0
         skip = done.union(ended)
         due = [i for i, r in enumerate(rows) if r.pending and i not in skip and (tick or i in first)]
+        ended = [i for i in ended if i not in done]
+        # the sentences that end: their windows now (the rows go on to other sentences), their render with the next
+        # renders (before them: a request's audio stays in order) or within `chunk` steps, as one batch
+        with self._timed("render_end"):
+            done.update(self._defer_ends(ended))
+            if self._ends and (due or self.steps_run - self._ends[0].step >= self.chunk):
+                failed = self._flush_ends()
+                done.update(i for i, r in enumerate(rows) if r.job.id in failed)
         with self._timed("render"):
             done.update(self._render(due))
-        ended = [i for i in ended if i not in done]
-        with self._timed("render_end"):
-            done.update(self._render(ended, finish_many))
         going_on = []
         for i in ended:
             r = rows[i]
@@ -716,37 +735,23 @@ class Scheduler:
                 continue
             if r.sentence + 1 < len(r.job.sentences):
                 going_on.append(i)
-            else:
-                self._end(r.job, "done")
+            else:  # its end goes out after its last audio (_flush_ends)
                 done.add(i)
         started = self._start_many([(rows[i].job, rows[i].sentence + 1, i) for i in going_on])
         done.update(i for i, ok in zip(going_on, started) if not ok)
         for i in sorted(done, reverse=True):
             self._remove(i)
 
-    def _pending_states(self, i: int, r: _Row) -> Tensor:
-        """Row i's states not yet rendered, (pending, D), copied out of its ring."""
-        a, n = r.renderer.steps % self.R, r.pending
-        if a + n <= self.R:
-            return self.ring[i, a : a + n].clone()
-        return torch.cat([self.ring[i, a:], self.ring[i, : a + n - self.R]])
-
-    def _render(self, idx: list[int], render=push_many) -> list[int]:
-        """Render rows idx's pending states as one batch (streaming.push_many, or finish_many at their sentences'
-        ends; on CUDA on the side stream, so the steps go on meanwhile) and emit the audio once on the host; -> the
-        indices of rows whose request failed (all of them if the render did)."""
+    def _render(self, idx: list[int]) -> list[int]:
+        """Render rows idx's pending states as one batch (streaming.render_ring): the windows are gathered from the
+        ring on the step's stream and rendered on the side stream on CUDA, so the steps go on meanwhile; the audio is
+        emitted once on the host. -> the indices of rows whose request failed (all of them if the render did)."""
         if not idx:
             return []
         rows = [self.rows[i] for i in idx]
         try:
-            states = [self._pending_states(i, r) for i, r in zip(idx, rows)]  # on the step's stream, in its order
-            side = self._side
-            if side is not None:
-                side.wait_stream(torch.cuda.current_stream(side.device))
-                for t in states:  # the allocator must not hand them out again before the side stream is done
-                    t.record_stream(side)
-            with torch.cuda.stream(side) if side is not None else contextlib.nullcontext():
-                rendered = render([(r.renderer, t) for r, t in zip(rows, states)], defer=True)
+            items = [(i, r.renderer, r.pending) for i, r in zip(idx, rows)]
+            rendered = render_ring(self.synth.model, self.ring, items, side=self._side)
         except Exception as e:  # noqa: BLE001 - these requests fail, the others go on
             for r in rows:
                 self._fail(r.job, e)
@@ -756,6 +761,55 @@ class Scheduler:
             r.pending = 0
         self._later(rendered, lambda: [self._emit(job, piece) for job, piece in zip(jobs, rendered.pieces())])
         return []
+
+    def _defer_ends(self, idx: list[int]) -> list[int]:
+        """Gather the last windows of rows idx's sentences, which just ended, for _flush_ends. -> the indices of rows
+        whose request failed."""
+        if not idx:
+            return []
+        rows = [self.rows[i] for i in idx]
+        try:
+            items = [(i, r.renderer, r.pending) for i, r in zip(idx, rows)]
+            batches = gather_ring(self.ring, items, finish=True)
+        except Exception as e:  # noqa: BLE001 - these requests fail, the others go on
+            for r in rows:
+                self._fail(r.job, e)
+            return idx
+        for r in rows:
+            r.pending = 0
+        last = [r.sentence + 1 == len(r.job.sentences) for r in rows]
+        self._ends.append(_Ends([r.job for r in rows], last, batches, self.steps_run))
+        return []
+
+    def _flush_ends(self) -> set[int]:
+        """Render every deferred sentence end as one batch per window length, then end the requests whose last
+        sentence it was. -> the ids of requests that failed (all of them if the render did)."""
+        entries, self._ends = self._ends, []
+        if not entries:
+            return set()
+        jobs: list[Job] = []
+        last: list[bool] = []
+        by_length: dict[int, list] = {}
+        for e in entries:
+            for idx, w in e.batches:
+                by_length.setdefault(w.states.shape[1], []).append(([len(jobs) + j for j in idx], w))
+            jobs += e.jobs
+            last += e.last
+        try:
+            with torch.inference_mode():
+                batches = [
+                    ([j for idx, _ in p for j in idx], Windows.cat([w for _, w in p])) for p in by_length.values()
+                ]
+                rendered = render_gathered(self.synth.model, len(jobs), batches, self._side)
+        except Exception as e:  # noqa: BLE001 - these requests fail, the others go on
+            for job in {job.id: job for job in jobs}.values():
+                self._fail(job, e)
+            return {job.id for job in jobs}
+        self._later(rendered, lambda: [self._emit(job, piece) for job, piece in zip(jobs, rendered.pieces())])
+        for job, final in zip(jobs, last):
+            if final:
+                self._end(job, "done")
+        return set()
 
     def _emit(self, job: Job, piece: np.ndarray) -> None:
         if piece.size:

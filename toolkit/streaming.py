@@ -10,7 +10,7 @@ On CUDA the rendering runs on a stream of its own, so it overlaps the GPT steps 
 from __future__ import annotations
 
 import contextlib
-import math
+from dataclasses import dataclass
 from typing import Iterator
 
 import numpy as np
@@ -57,7 +57,7 @@ class StreamRenderer:
                     self.side.wait_stream(torch.cuda.current_stream(hidden.device))
                 hidden.record_stream(self.side)  # the allocator must not reuse it before the side stream is done
         self._append(hidden)
-        return self._render(self.emitted, self._final_sample(), frames=None)
+        return self._render(self.emitted, self._final_sample())
 
     def _append(self, hidden: Tensor) -> None:
         if hidden.shape[0]:
@@ -69,51 +69,40 @@ class StreamRenderer:
         final_spec = 2 * self.steps - self.r_dec - self.r_voc  # spectrum frames no future state can change
         return final_spec * self.hop - self.n_fft // 2
 
+    @property
+    def lookback(self) -> int:
+        """The most states a window reaches behind the states of the push before it: a caller that keeps the states
+        itself (the scheduler's ring) keeps this many besides the new ones."""
+        return -(-(2 * (self.r_dec + self.r_voc) + self.n_fft // self.hop - 1) // 2) + 1
+
     def finish(self) -> np.ndarray:
         if self.steps == 0:
             return np.zeros(0, dtype=np.float32)
-        return self._render(self.emitted, self.hop * (2 * self.steps - 1), frames=2 * self.steps)
+        return self._render(self.emitted, self.end_sample)
+
+    @property
+    def end_sample(self) -> int:
+        """The audio's length once no state follows: one hop per mel frame, two mel frames per state."""
+        return self.hop * (2 * self.steps - 1)
+
+    def first_state(self, t0: int) -> int:
+        """The first state samples from t0 on depend on (the left end of their window; its right end is always the
+        last state). Samples past the window's first n_fft / 2, its mel frames past the Decoder's radius and its
+        spectrum frames past Vocos' are those of the whole utterance, so nothing needs cropping."""
+        f0 = max(0, (t0 - self.n_fft // 2) // self.hop + 1)  # the first spectrum frame whose window reaches t0
+        return max(0, (f0 - self.r_voc - self.r_dec) // 2)
 
     @torch.inference_mode()
-    def _render(self, t0: int, t1: int, frames: int | None) -> np.ndarray:
+    def _render(self, t0: int, t1: int) -> np.ndarray:
         if t1 <= t0:
             return np.zeros(0, dtype=np.float32)
         with torch.cuda.stream(self.side) if self.side is not None else contextlib.nullcontext():
-            s0, s1, m0, m1, f0, f1 = w = self._window(t0, t1, frames)
-            mel = self.model.hidden_to_mel(self._states(s0, s1)[None])[..., m0 - 2 * s0 : m1 - 2 * s0]
-            spec = self.model.vocos.spectrum(mel.to(self.model.vocos.embed.weight.dtype))[0, :, f0 - m0 : f1 - m0]
-            return self._samples(spec, t0, t1, w)
-
-    def _window(self, t0: int, t1: int, frames: int | None) -> tuple[int, int, int, int, int, int]:
-        """What samples [t0, t1) need: states [s0, s1), mel frames [m0, m1), spectrum frames [f0, f1)."""
-        hop, half = self.hop, self.n_fft // 2
-        known = 2 * self.steps
-        f0 = max(0, (t0 - half) // hop + 1)  # first frame whose window reaches t0
-        f1 = min(frames or known, math.ceil((t1 + half) / hop))  # frames whose window starts before t1
-        m0, m1 = max(0, f0 - self.r_voc), min(known, f1 + self.r_voc)
-        s0, s1 = max(0, (m0 - self.r_dec) // 2), min(self.steps, math.ceil((m1 + self.r_dec) / 2))
-        return s0, s1, m0, m1, f0, f1
-
-    def _states(self, s0: int, s1: int) -> Tensor:
-        self.hidden = [torch.cat(self.hidden)]
-        return self.hidden[0][s0:s1]
-
-    def _samples(self, spec: Tensor, t0: int, t1: int, window: tuple) -> np.ndarray:
-        """spec (n_fft/2+1, f1 - f0) -> samples [t0, t1) by inverse FFT and overlap-add."""
-        hop, half = self.hop, self.n_fft // 2
-        f0, f1 = window[4], window[5]
-        frames_t = torch.fft.irfft(spec, n=self.n_fft, dim=0) * self.window[:, None]  # (n_fft, F)
-        n = (f1 - f0 - 1) * hop + self.n_fft
-        fold = dict(output_size=(1, n), kernel_size=(1, self.n_fft), stride=(1, hop))
-        ola = torch.nn.functional.fold(frames_t[None], **fold).view(-1)
-        env = torch.nn.functional.fold(
-            (self.window**2)[None, :, None].expand(1, -1, f1 - f0).contiguous(), **fold
-        ).view(-1)
-        start = f0 * hop - half  # sample index of ola[0]
-        seg = slice(t0 - start, t1 - start)
-        out = (ola[seg] / env[seg].clamp(min=1e-11)).float().cpu().numpy()
-        self.emitted = t1
-        return out
+            self.hidden = [torch.cat(self.hidden)]
+            s0 = self.first_state(t0)
+            out = Rendered(1)
+            out.add([0], *render_windows(self.model, self.hidden[0][None, s0:], [(s0, t0, t1)]))
+            self.emitted = t1
+            return out.pieces()[0]
 
 
 class Rendered:
@@ -122,10 +111,11 @@ class Rendered:
 
     def __init__(self, n: int):
         self.n = n
-        self.parts: list[tuple[list[int], Tensor, np.ndarray]] = []  # (item indices, samples, piece boundaries)
+        self.parts: list[tuple[list[int], Tensor, list[tuple[int, int]]]] = []  # (item indices, samples, spans)
         self.event: torch.cuda.Event | None = None  # after the last copy (every batch runs on one stream)
 
-    def add(self, idx: list[int], samples: Tensor, bounds: np.ndarray) -> None:
+    def add(self, idx: list[int], samples: Tensor, spans: list[tuple[int, int]]) -> None:
+        """samples (len(idx), L); item idx[j]'s piece is samples[j, a:b] for (a, b) = spans[j]."""
         samples = samples.float()
         if samples.is_cuda:
             host = torch.empty(samples.shape, dtype=samples.dtype, pin_memory=True)
@@ -133,7 +123,7 @@ class Rendered:
             self.event = torch.cuda.Event()
             self.event.record()
             samples = host
-        self.parts.append((idx, samples, bounds))
+        self.parts.append((idx, samples, spans))
 
     def ready(self) -> bool:
         return self.event is None or self.event.query()
@@ -142,93 +132,115 @@ class Rendered:
         if self.event is not None:
             self.event.synchronize()
         out = [np.zeros(0, dtype=np.float32)] * self.n
-        for idx, samples, bounds in self.parts:
-            flat = samples.numpy()
-            for i, a, b in zip(idx, bounds[:-1], bounds[1:]):
-                out[i] = flat[a:b]
+        for idx, samples, spans in self.parts:
+            block = samples.numpy()
+            for j, (i, (a, b)) in enumerate(zip(idx, spans)):
+                out[i] = block[j, a:b]
         return out
 
 
-@torch.inference_mode()
-def push_many(items: list[tuple[StreamRenderer, Tensor]], defer: bool = False) -> list[np.ndarray] | Rendered:
-    """`renderer.push(hidden)` for several renderers of one model at once (on the current stream): their windows run
-    through the Decoder and Vocos as one batch, right-padded to the longest. Equal to pushing each alone up to float
-    rounding: every emitted sample lies farther than the receptive radius from a window's end, so the padding, like
-    the states not known yet, cannot reach it. defer: -> a Rendered whose pieces() are the audio (the host copy not
-    waited for)."""
-    live = []
-    for r, hidden in items:
-        r._append(hidden)
-        t0, t1 = r.emitted, r._final_sample()
-        live.append((r, t0, t1, r._window(t0, t1, None)) if t1 > t0 else None)
-    out = Rendered(len(items))
-    rows = [(i, *x) for i, x in enumerate(live) if x is not None]
-    if rows:
-        out.add([i for i, *_ in rows], *_render_windows(rows))
-    return out if defer else out.pieces()
+def render_windows(model: TTSModel, states: Tensor, rows: list[tuple[int, int, int]]) -> tuple[Tensor, list]:
+    """states (B, S, D): each row's window of GPT states, right-padded with anything to S; rows: each one's
+    (s0, t0, t1), its window starting at state s0 and the samples [t0, t1) wanted of it. A fixed number of kernels
+    whatever B: the Decoder and Vocos over the whole windows, one inverse FFT and overlap-add.
 
-
-@torch.inference_mode()
-def finish_many(items: list[tuple[StreamRenderer, Tensor]], defer: bool = False) -> list[np.ndarray] | Rendered:
-    """`renderer.finish()` after appending `hidden` (its states not pushed yet), for several renderers at once: the
-    last windows end where each one's audio does, so only windows of one shape run as a batch (no padding, which
-    would reach the last samples); -> the rest of each one's audio (defer: as push_many's)."""
-    groups: dict[tuple, list] = {}
-    out = Rendered(len(items))
-    for i, (r, hidden) in enumerate(items):
-        r._append(hidden)
-        if r.steps == 0:
-            continue
-        t0, t1 = r.emitted, r.hop * (2 * r.steps - 1)
-        if t1 <= t0:
-            continue
-        w = r._window(t0, t1, 2 * r.steps)
-        shape = (w[1] - w[0], w[2] - 2 * w[0], w[3] - 2 * w[0], w[4] - w[2], w[5] - w[2], t0 - w[4] * r.hop, t1 - t0)
-        groups.setdefault(shape, []).append((i, r, t0, t1, w))
-    for rows in groups.values():
-        out.add([i for i, *_ in rows], *_render_windows(rows))
-    return out if defer else out.pieces()
-
-
-def _render_windows(rows: list[tuple]) -> tuple[Tensor, np.ndarray]:
-    """(index, renderer, t0, t1, window) -> samples [t0, t1) of each, through the Decoder and Vocos as one batch
-    (windows right-padded to the longest): (every row's samples in one tensor, each row's bounds in it)."""
-    model = rows[0][1].model
-    S = max(w[1] - w[0] for *_, w in rows)
-    states = torch.stack(
-        [torch.nn.functional.pad(r._states(w[0], w[1]), (0, 0, 0, S - (w[1] - w[0]))) for _, r, _, _, w in rows]
-    )
+    Padding reaches only samples past t1 when t1 is a final sample (StreamRenderer._final_sample): a window that
+    ends the utterance (t1 its end_sample) must not be padded. -> (samples (B, L), each row's span in them)."""
+    hop, n_fft, half = model.cfg.vocos.hop, model.cfg.vocos.n_fft, model.cfg.vocos.n_fft // 2
     mel = model.hidden_to_mel(states)  # (B, n_mels, 2S)
-    M = max(w[3] - w[2] for *_, w in rows)
-    mel = torch.stack(
-        [
-            torch.nn.functional.pad(mel[b, :, w[2] - 2 * w[0] : w[3] - 2 * w[0]], (0, M - (w[3] - w[2])))
-            for b, (*_, w) in enumerate(rows)
-        ]
-    )
-    spec = model.vocos.spectrum(mel.to(model.vocos.embed.weight.dtype))  # (B, n_fft/2+1, M)
-    # the inverse FFT and overlap-add of all rows at once: spectra right-padded with zeros, which add exact zeros
-    hop, n_fft, half, window = rows[0][1].hop, rows[0][1].n_fft, rows[0][1].n_fft // 2, rows[0][1].window
-    F = max(w[5] - w[4] for *_, w in rows)
-    spec = torch.stack(
-        [
-            torch.nn.functional.pad(spec[b, :, w[4] - w[2] : w[5] - w[2]], (0, F - (w[5] - w[4])))
-            for b, (*_, w) in enumerate(rows)
-        ]
-    )
-    frames_t = torch.fft.irfft(spec, n=n_fft, dim=1) * window[:, None]  # (B, n_fft, F)
+    spec = model.vocos.spectrum(mel.to(model.vocos.embed.weight.dtype))  # (B, n_fft/2+1, 2S)
+    window = model.vocos.window.float()
+    F = spec.shape[-1]
     n = (F - 1) * hop + n_fft
     fold = dict(output_size=(1, n), kernel_size=(1, n_fft), stride=(1, hop))
-    ola = torch.nn.functional.fold(frames_t, **fold).view(len(rows), n)
-    frames = to_device(torch.tensor([w[5] - w[4] for *_, w in rows])[:, None], spec.device)
-    present = torch.arange(F, device=spec.device)[None] < frames
-    env = torch.nn.functional.fold((window**2)[None, :, None] * present[:, None], **fold).view(len(rows), n)
-    segs = [(t0 - (w[4] * hop - half), t1 - (w[4] * hop - half)) for _, _, t0, t1, w in rows]
-    ola = ola / env.clamp(min=1e-11)
-    samples = torch.cat([ola[b, a:e] for b, (a, e) in enumerate(segs)])  # one copy to the host for the batch
-    for _, r, _, t1, _ in rows:
-        r.emitted = t1
-    return samples, np.cumsum([0] + [e - a for a, e in segs])
+    ola = torch.nn.functional.fold(torch.fft.irfft(spec, n=n_fft, dim=1) * window[:, None], **fold).view(-1, n)
+    env = torch.nn.functional.fold((window**2)[None, :, None].expand(1, -1, F), **fold).view(n)
+    # sample 0 of a row's ola is its window's first frame's first sample: 2 * s0 * hop - half
+    spans = [(t0 - (2 * s0 * hop - half), t1 - (2 * s0 * hop - half)) for s0, t0, t1 in rows]
+    lo, hi = min(a for a, _ in spans), max(b for _, b in spans)
+    samples = ola[:, lo:hi] / env[lo:hi].clamp(min=1e-11)
+    return samples, [(a - lo, b - lo) for a, b in spans]
+
+
+@dataclass
+class Windows:
+    """Windows of GPT states gathered for one batched render: states (B, S, D), right-padded with anything to S,
+    and each row's (s0, t0, t1) for render_windows."""
+
+    states: Tensor
+    rows: list[tuple[int, int, int]]
+
+    @staticmethod
+    def cat(parts: "list[Windows]") -> "Windows":
+        return Windows(torch.cat([w.states for w in parts]), [row for w in parts for row in w.rows])
+
+
+@torch.inference_mode()
+def gather_ring(
+    ring: Tensor, items: list[tuple[int, StreamRenderer, int]], finish: bool = False
+) -> list[tuple[list[int], Windows]]:
+    """The windows several renderers render next, gathered (on the current stream) from states a caller keeps:
+    state s of item (i, renderer, n) at ring[i, s % R]. Each renderer takes n new states first (they must be in the
+    ring already), then counts as having emitted its window's samples: with finish, the rest of its audio, else
+    what its states make final. -> (item indices, their windows) per batch; items with nothing to render are in
+    none. The ring may be overwritten as soon as the gathers are queued.
+
+    Pushes form one batch (right-padded). Finishing windows must end unpadded: each reaches back up to R - 1 states
+    (past what its samples need), so all but short utterances share one length, and one batch."""
+    R = ring.shape[1]
+    groups: dict[int, list] = {}  # window length (0 for pushes) -> [(item, renderer, ring row, s0, t0, t1)]
+    for j, (i, r, n) in enumerate(items):
+        r.steps += n
+        t0, t1 = r.emitted, (r.end_sample if finish else r._final_sample())
+        if r.steps == 0 or t1 <= t0:
+            continue
+        s0 = r.first_state(t0)
+        if finish:
+            s0 = min(s0, max(0, r.steps - (R - 1)))
+        if r.steps - s0 > R - 1:  # the state R back may be overwritten by the step queued after these
+            raise RuntimeError(f"a window of {r.steps - s0} states outgrew a ring of {R}: R must exceed it")
+        groups.setdefault(r.steps - s0 if finish else 0, []).append((j, r, i, s0, t0, t1))
+    out = []
+    for rows in groups.values():
+        S = max(r.steps - s0 for _, r, _, s0, _, _ in rows)
+        pos = np.full((len(rows), S), -1, dtype=np.int64)
+        for k, (_, r, _, s0, _, _) in enumerate(rows):
+            pos[k, : r.steps - s0] = np.arange(s0, r.steps) % R
+        pos_d = to_device(torch.from_numpy(pos), ring.device)
+        at = to_device(torch.tensor([i for _, _, i, *_ in rows])[:, None], ring.device)
+        states = torch.where((pos_d >= 0)[..., None], ring[at, pos_d.clamp(min=0)], 0)
+        out.append(([j for j, *_ in rows], Windows(states, [(s0, t0, t1) for *_, s0, t0, t1 in rows])))
+        for _, r, _, _, _, t1 in rows:
+            r.emitted = t1
+    return out
+
+
+@torch.inference_mode()
+def render_gathered(
+    model: TTSModel, n: int, batches: list[tuple[list[int], Windows]], side: "torch.cuda.Stream | None" = None
+) -> Rendered:
+    """Render gather_ring's batches for n items, on `side` when given (after what the current stream has queued).
+    -> the items' pieces, deferred."""
+    out = Rendered(n)
+    if side is not None:
+        side.wait_stream(torch.cuda.current_stream(side.device))
+        for _, w in batches:  # the allocator must not hand them out again before the side stream is done
+            w.states.record_stream(side)
+    with torch.cuda.stream(side) if side is not None else contextlib.nullcontext():
+        for idx, w in batches:
+            out.add(idx, *render_windows(model, w.states, w.rows))
+    return out
+
+
+def render_ring(
+    model: TTSModel,
+    ring: Tensor,
+    items: list[tuple[int, StreamRenderer, int]],
+    finish: bool = False,
+    side: "torch.cuda.Stream | None" = None,
+) -> Rendered:
+    """gather_ring, then render_gathered: the items' pieces, deferred."""
+    return render_gathered(model, len(items), gather_ring(ring, items, finish), side)
 
 
 def stream_text(
