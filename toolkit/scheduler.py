@@ -12,8 +12,9 @@ codes `Synthesizer.synthesize` yields at batch 1, and in company the same up to 
 matmuls. Audio is rendered as it comes (toolkit.streaming): every `render_every` steps all rows' new states in one
 batch, a row's first audio as soon as its states allow; the windows are gathered from a ring of each row's states,
 so a render costs a fixed number of kernels whatever the rows. Sentences that end have their last windows gathered
-at once and rendered together with the next renders, or within `chunk` steps (windows of one length in one batch). The text is split into sentences and seeded as `ttsq synth --batch-size 1` does (`Plan`);
-they run one after another in the request's row.
+at once and rendered together with the next renders, or within `chunk` steps (windows of one length in one batch).
+The text is split into sentences and seeded as `ttsq synth --batch-size 1` does (`Plan`); they run one after another
+in the request's row.
 
 A step reads and writes only fixed device buffers (each row's step counter, rope base and the write position live
 on the device; the states it samples from go to a ring per row that the renders read), so on CUDA it is captured as
@@ -203,11 +204,13 @@ class Scheduler:
         if self.graphs and not cuda:
             raise ValueError(f"graphs=True needs a CUDA device, not {dev}")
         self.batch_prefill = cuda if batch_prefill is None else batch_prefill
-        shape = (slots, cfg.heads, self.L, cfg.head_dim)
+        # one row past the slots: a batched prefill's padding rows write there (SCRATCH), so its graph writes the
+        # rows' caches itself whatever the batch
+        shape = (slots + 1, cfg.heads, self.L, cfg.head_dim)
         self.k = [torch.zeros(shape, dtype=dtype, device=dev) for _ in gpt.layers]
         self.v = [torch.zeros(shape, dtype=dtype, device=dev) for _ in gpt.layers]
-        self.key_valid = torch.zeros(slots, self.L, dtype=torch.bool, device=dev)
-        self.h = torch.zeros(slots, cfg.hidden, dtype=dtype, device=dev)
+        self.key_valid = torch.zeros(slots + 1, self.L, dtype=torch.bool, device=dev)
+        self.h = torch.zeros(slots + 1, cfg.hidden, dtype=dtype, device=dev)
         W = self.params.penalty_window
         self.history = torch.full((slots * self.Q, W), self.V, dtype=torch.long, device=dev)
         self.temperature = torch.tensor(self.params.temperatures(self.Q), device=dev).repeat(slots)
@@ -454,21 +457,22 @@ class Scheduler:
     def _prefill_many(self, items: list[tuple[Job, int, int]]) -> None:
         """Sentence `sentence` of each (job, sentence, row) into its row, as one batch: prompts left-padded to the
         longest, all ending at `pos`. They attend only to themselves, so they run over a cache of their own, copied
-        into the rows' positions [pos - T, pos) after (padding lands there too, masked like the keys of a row's
-        previous owner). With graphs, batch and length are padded to buckets and the prefill replays a graph."""
+        into the rows' positions [pos - Tb, pos) after (padding lands there too, masked like the keys of a row's
+        previous owner). With graphs, batch and length are padded to buckets and the prefill replays a graph, the
+        copies included (the padding rows' go to the scratch row)."""
         synth, dev = self.synth, self.synth.device
         embs = [encode_prompts(synth.model, [job.sentences[k][0]], job.speaker)[0][0] for job, k, _ in items]
         lens = [e.shape[0] for e in embs]
         T, m = max(lens), len(items)
-        if self.pos < T:
-            self.pos = T
-        rows = [self._new_row(job, k, t) for (job, k, _), t in zip(items, lens)]
         graph = self.graphs and T <= PREFILL_GRAPH_MAX
         mb, Tb = (
             (next(b for b in self.prefill_buckets if b >= m), -(-T // PREFILL_BUCKET) * PREFILL_BUCKET)
             if graph
             else (m, T)
         )
+        if self.pos < Tb:
+            self.pos = Tb
+        rows = [self._new_row(job, k, t) for (job, k, _), t in zip(items, lens)]
         buf = self._prefill_buffers() if graph else self._prefill_buffers(m, T)
         emb, valid = buf["emb"][:mb, :Tb], buf["valid"][:mb, :Tb]
         emb.zero_()
@@ -477,17 +481,14 @@ class Scheduler:
         pad = torch.tensor([Tb - t for t in lens] + [Tb] * (mb - m))
         valid.copy_(to_device(torch.arange(Tb)[None] >= pad[:, None], dev))
         if graph:
-            self._prefill_graph(mb, Tb).replay()
+            prefill = self._prefill_graph(mb, Tb)  # before the rows are set: capturing writes them
+        where = torch.tensor([row for *_, row in items] + [self.slots] * (mb - m))
+        buf["rows"][:mb].copy_(to_device(where, dev))
+        buf["span"][:Tb].copy_(to_device(torch.arange(self.pos - Tb, self.pos), dev))
+        if graph:
+            prefill.replay()
         else:
             self._prefill_core(buf, mb, Tb)
-        at = to_device(torch.tensor([row for *_, row in items]), dev)
-        span = slice(self.pos - T, self.pos)
-        for k, v, ck, cv in zip(self.k, self.v, buf["k"], buf["v"]):
-            k[at, :, span] = ck[:m, :, Tb - T : Tb]
-            v[at, :, span] = cv[:m, :, Tb - T : Tb]
-        self.key_valid[at] = False
-        self.key_valid[at, span] = valid[:m, Tb - T :]
-        self.h[at] = buf["out"][:m]
         self._reset_rows([row for *_, row in items], rows)
 
     def _prefill_buffers(self, m: int | None = None, T: int | None = None) -> dict:
@@ -501,6 +502,8 @@ class Scheduler:
             "emb": torch.zeros(m, T, cfg.hidden, dtype=dtype, device=dev),
             "valid": torch.zeros(m, T, dtype=torch.bool, device=dev),
             "out": torch.zeros(m, cfg.hidden, dtype=dtype, device=dev),
+            "rows": torch.full((m,), self.slots, device=dev),  # the cache row each prompt goes to
+            "span": torch.arange(T, device=dev),  # the cache positions its Tb positions go to
             "k": [torch.zeros(m, cfg.heads, T, cfg.head_dim, dtype=dtype, device=dev) for _ in self.gpt.layers],
             "v": [torch.zeros(m, cfg.heads, T, cfg.head_dim, dtype=dtype, device=dev) for _ in self.gpt.layers],
         }
@@ -509,7 +512,8 @@ class Scheduler:
         return buf
 
     def _prefill_core(self, buf: dict, mb: int, Tb: int) -> None:
-        """The prefill of buf's first mb prompts of Tb positions over buf's own caches (capturable)."""
+        """The prefill of buf's first mb prompts of Tb positions over buf's own caches, then their keys, values, mask
+        and last states copied to cache rows buf["rows"], positions buf["span"] (capturable)."""
         gpt = self.gpt
         valid = buf["valid"][:mb, :Tb]
         saved = [layer.attention.kv_cache for layer in gpt.layers], gpt.key_valid
@@ -528,12 +532,20 @@ class Scheduler:
             for layer, c in zip(gpt.layers, saved[0]):
                 layer.attention.kv_cache = c
             gpt.key_valid = saved[1]
+        rows, span = buf["rows"][:mb, None], buf["span"][:Tb]
+        for k, v, ck, cv in zip(self.k, self.v, buf["k"], buf["v"]):
+            k[rows, :, span] = ck[:mb, :, :Tb].transpose(1, 2)
+            v[rows, :, span] = cv[:mb, :, :Tb].transpose(1, 2)
+        self.key_valid.index_fill_(0, rows[:, 0], False)  # the keys of the row's previous owner
+        self.key_valid[rows, span] = valid
+        self.h[rows[:, 0]] = buf["out"][:mb]
 
     def _prefill_graph(self, mb: int, Tb: int) -> torch.cuda.CUDAGraph:
-        """The captured prefill for (mb, Tb), captured now if new (it writes only the prefill buffers)."""
+        """The captured prefill for (mb, Tb), captured now if new (its runs write the scratch row alone)."""
         key = ("prefill", mb, Tb)
         if key not in self._graphs:
             buf = self._prefill_buffers()
+            buf["rows"].fill_(self.slots)
             self._graphs[key] = self._capture(lambda: self._prefill_core(buf, mb, Tb))
         return self._graphs[key]
 
