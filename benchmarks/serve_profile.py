@@ -6,6 +6,8 @@ batch and cache bucket) under its graphs, at ChatTTS's dimensions (random weight
 Per mode and batch: wall time per step, time to first audio, audio seconds per second, and (a second pass with
 `profile=True`, which drains the device around each part) the seconds per call of prefill, step, render and the
 sentence-end render. The engine's own decode rate (Engine with CUDA graphs, same batch) is the reference.
+--sentences K --stagger-ms M: requests of K sentences, one submitted every M ms, so that sentence ends and the
+prefills of the sentences after them fall at different steps, as under a load test.
 
     python3 benchmarks/serve_profile.py --device cuda --precision bf16 --batches 1,16,64 --modes graphs,compiled \
         [--compile] --out OUT.json
@@ -33,11 +35,15 @@ from toolkit.synthesizer import load_model  # noqa: E402
 SENTENCE = "The quick brown fox jumps over the lazy dog."
 
 
-def run_batch(sched: Scheduler, B: int, seed0: int) -> dict:
+def run_batch(sched: Scheduler, B: int, seed0: int, sentences: int = 1, stagger_s: float = 0.0) -> dict:
     sched.timings.clear()
     steps0 = sched.steps_run
     t0 = time.perf_counter()
-    jobs = [sched.submit(SENTENCE, seed=seed0 + i) for i in range(B)]
+    jobs = []
+    for i in range(B):
+        if stagger_s and i:
+            time.sleep(stagger_s)
+        jobs.append(sched.submit(" ".join([SENTENCE] * sentences), seed=seed0 + i))
     for job in jobs:
         for kind, data in job.events():
             if kind == "error":
@@ -48,6 +54,8 @@ def run_batch(sched: Scheduler, B: int, seed0: int) -> dict:
     audio = sum(j.samples for j in jobs) / 24000
     out = {
         "batch": B,
+        "sentences": sentences,
+        "stagger_ms": round(1000 * stagger_s, 1),
         "steps": steps,
         "wall_s": round(wall, 3),
         "ms_per_step": round(1000 * wall / steps, 3),
@@ -72,6 +80,8 @@ def main() -> int:
     p.add_argument("--steps", type=int, default=235)
     p.add_argument("--compile", action="store_true", help="torch.compile the GPT blocks (ttsq serve --compile)")
     p.add_argument("--render-every", type=int, default=None, help="Scheduler(render_every=): steps between renders")
+    p.add_argument("--sentences", type=int, default=1, help="sentences per request")
+    p.add_argument("--stagger-ms", type=float, default=0.0, help="between the submissions of a batch's requests")
     p.add_argument("--out", required=True)
     a = p.parse_args()
     dev = torch.device(a.device)
@@ -130,7 +140,7 @@ def main() -> int:
         for profile in (False, True):
             sched.profile = profile
             for B in batches:
-                row = run_batch(sched, B, 1000 * B)
+                row = run_batch(sched, B, 1000 * B, a.sentences, a.stagger_ms / 1000)
                 row["profile"] = profile
                 res["runs"].append(row)
                 print(mode, json.dumps(row), flush=True)
