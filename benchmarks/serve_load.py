@@ -192,18 +192,34 @@ def summarize(rows: list[dict], wall: float, clients: int, t_start: float, busy_
     }
 
 
-def scrape(url: str) -> dict:
-    """Memory figures from the server's /metrics."""
+def scrape(url: str) -> tuple[dict, dict[float, float]]:
+    """Memory figures from the server's /metrics, and its time-to-first-audio histogram (bucket bound -> count)."""
     import httpx
 
     text = httpx.get(url + "/metrics", timeout=30).text
     keep = ("process_resident_memory_bytes", "ttsq_device_memory_allocated_bytes", "ttsq_device_memory_peak_bytes")
-    out = {}
+    out, ttfa = {}, {}
     for line in text.splitlines():
         name, _, value = line.partition(" ")
         if name in keep:
             out[name.replace("_bytes", "_mib")] = round(float(value) / 2**20, 1)
-    return out
+        elif name.startswith('ttsq_time_to_first_audio_seconds_bucket{le="'):
+            ttfa[float(name.split('"')[1])] = float(value)
+    return out, ttfa
+
+
+def server_ttfa(before: dict[float, float], after: dict[float, float]) -> dict:
+    """The server's own time to first audio (request received to first audio rendered, without HTTP) over a phase,
+    from its histogram: p50/p95 as the bucket bounds they fall under, and the share within 150 ms."""
+    counts = sorted((b, after[b] - before.get(b, 0.0)) for b in after)  # cumulative, +inf last
+    n = counts[-1][1] if counts else 0
+    if not n:
+        return {}
+
+    def bound(q: float) -> float:
+        return next(b for b, c in counts if c >= q * n)
+
+    return {"p50_at_most_s": bound(0.5), "p95_at_most_s": bound(0.95), "within_150ms": round(dict(counts)[0.15] / n, 3)}
 
 
 def hardware(device: str) -> dict:
@@ -253,7 +269,10 @@ def markdown(report: dict) -> str:
     lines += [
         "",
         "audio s/s: all the phase's audio over its wall time; all clients busy: the audio that arrived before the "
-        "first client found no request left, over that time.",
+        "first client found no request left, over that time.  ",
+        "TTFA is the client's (request sent to first audio byte). The server's own (request received to first "
+        f"audio rendered, from its histogram): baseline {report['baseline'].get('server_ttfa')}, "
+        f"load {report['load'].get('server_ttfa')}.",
         "",
         f"server memory before: {report['memory_before']}  ",
         f"after: {report['memory_after']}",
@@ -320,14 +339,17 @@ def main() -> int:
             raise RuntimeError(f"the server did not start (exit {proc.wait()})")
         url = f"http://127.0.0.1:{int(line.split()[1])}"
         rng = random.Random(a.seed)
-        before = scrape(url)
+        before, hist0 = scrape(url)
         print("baseline (one at a time)...", file=sys.stderr, flush=True)
         baseline = asyncio.run(phase(url, 1, a.baseline_requests, a.time_limit, rng, tuple(a.words), 10_000))
+        _, hist1 = scrape(url)
+        baseline["server_ttfa"] = server_ttfa(hist0, hist1)
         print(json.dumps(baseline), file=sys.stderr, flush=True)
         print(f"load ({a.clients} concurrent)...", file=sys.stderr, flush=True)
         load = asyncio.run(phase(url, a.clients, a.requests, a.time_limit, rng, tuple(a.words), 20_000))
+        after, hist2 = scrape(url)
+        load["server_ttfa"] = server_ttfa(hist1, hist2)
         print(json.dumps(load), file=sys.stderr, flush=True)
-        after = scrape(url)
     finally:
         proc.send_signal(signal.SIGTERM)
         try:

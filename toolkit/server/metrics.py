@@ -7,7 +7,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Proc
 from ..scheduler import Job, Scheduler
 
 # time to first audio: the streaming user's wait; buckets from 25 ms (the GPU target's range) to a minute
-TTFA_BUCKETS = (0.025, 0.05, 0.1, 0.15, 0.25, 0.5, 1, 2, 5, 10, 30, 60)
+TTFA_BUCKETS = (0.025, 0.05, 0.075, 0.1, 0.125, 0.15, 0.175, 0.2, 0.25, 0.3, 0.4, 0.5, 1, 2, 5, 10, 30, 60)
 RTF_BUCKETS = (0.05, 0.1, 0.25, 0.5, 0.75, 1, 1.5, 2, 5, 10)
 
 
