@@ -75,7 +75,12 @@ def main() -> int:
     p.add_argument("--precision", default="bf16")
     p.add_argument("--slots", type=int, default=64)
     p.add_argument("--batches", default="1,16,64")
-    p.add_argument("--modes", default="eager,graphs,compiled", help="eager, graphs, compiled (the scheduler's step)")
+    p.add_argument(
+        "--modes",
+        default="eager,graphs,compiled",
+        help="eager, graphs, compiled (the scheduler's step; its attention block-sparse), compiled-dense (attention "
+        "over every row's whole cache bucket)",
+    )
     p.add_argument("--warm-up-positions", type=int, default=1024, help="cache lengths warmed up (compiled) before")
     p.add_argument("--steps", type=int, default=235)
     p.add_argument("--compile", action="store_true", help="torch.compile the GPT blocks (ttsq serve --compile)")
@@ -118,7 +123,8 @@ def main() -> int:
             params=params,
             max_chars=60,
             graphs=mode != "eager" and dev.type == "cuda",
-            compile=mode == "compiled",
+            compile=mode.startswith("compiled"),
+            sparse_attention=mode == "compiled",
             render_every=a.render_every,
         )
         t0 = time.perf_counter()

@@ -459,21 +459,28 @@ def test_prompts_prefilled_as_one_batch_get_the_audio_each_gets_alone():
         assert len(g) == len(w) and np.abs(g - w).max() < 1e-3
 
 
-def test_compiled_step_over_whole_cache_buffers_gives_the_uncompiled_audio():
+def test_compiled_step_gives_the_uncompiled_audio_with_dense_and_block_sparse_attention():
     """Scheduler(compile=True), what `ttsq serve --compile` runs: the whole decode step through torch.compile, its
-    attention given the whole cache buffers to slice inside the compiled graph. Two requests decoded together must
-    get the audio the uncompiled step gives them (fp32 on the CPU: the fused kernels round differently, by ~1e-5)."""
-    synth = Synthesizer(device="cpu")
-    texts = ["Hello there, how are you today?", "The river runs past the old mill."]
+    attention given the whole cache buffers, reading only the blocks of cache positions that hold each row's keys
+    (flex attention), or every row's whole bucket (sparse_attention=False). Two requests decoded together, one of two
+    sentences (its second prompt starts past the first block of 128 positions while the other row's started in it),
+    must get the audio the uncompiled step gives them (fp32 on the CPU: the fused kernels round differently)."""
+    from toolkit.models.gpt import KEY_BLOCK
 
-    def serve(compile: bool) -> list[np.ndarray]:
-        sched = Scheduler(synth, slots=2, max_queue=4, compile=compile)
+    synth = Synthesizer(device="cpu")
+    texts = ["Hello there, how are you today? The river runs past the old mill.", "It was a sunny day."]
+
+    def serve(**options) -> tuple[list[np.ndarray], int]:
+        sched = Scheduler(synth, slots=2, max_queue=4, **options)
         with sched._cond:  # both admitted at one step boundary, so that they decode as one batch
             jobs = [sched.submit(t, seed=i) for i, t in enumerate(texts)]
         out = [np.concatenate([d for k, d in j.events() if k == "audio"]) for j in jobs]
         sched.close()
-        return out
+        return out, sched.steps_run
 
-    want, got = serve(False), serve(True)
-    for g, w in zip(got, want):
-        assert len(g) == len(w) and np.abs(g - w).max() < 1e-3
+    want, steps = serve(compile=False)
+    assert steps > KEY_BLOCK + 40  # the second sentence's prompt lies past the first block
+    for options in ({"compile": True}, {"compile": True, "sparse_attention": False}):
+        got, _ = serve(**options)
+        for g, w in zip(got, want):
+            assert len(g) == len(w) and np.abs(g - w).max() < 1e-3, options

@@ -176,6 +176,7 @@ class Scheduler:
         batch_prefill: bool | None = None,
         render_every: int | None = None,
         compile: bool = False,
+        sparse_attention: bool | None = None,
         profile: bool = False,
     ):
         """slots: requests decoded together at most; max_queue: requests waiting for a slot at most (submit raises
@@ -187,7 +188,10 @@ class Scheduler:
         the renders of every row's new states (default 2 * chunk: fewer, larger batches cost less). compile:
         torch.compile the whole decode step (sampler, every block, bookkeeping) with static shapes, once per (batch
         bucket, cache bucket), coarser buckets than without (COMPILED_BATCHES, COMPILED_CACHE_BUCKET); on CUDA the
-        compiled step is captured as the step's graph. warm_up() then compiles for seconds per bucket. profile: sync
+        compiled step is captured as the step's graph. warm_up() then compiles for seconds per bucket.
+        sparse_attention: the compiled step's attention reads only the blocks of KEY_BLOCK cache positions that hold
+        each row's keys (flex attention, GPT.forward key_first) instead of every row's whole cache bucket (None: with
+        compile; it needs the compiled step). profile: sync
         the device around prefill, step and render and add their seconds to `timings` (slower; for benchmarks)."""
         if slots < 1 or max_queue < 0:
             raise ValueError(f"slots must be >= 1 and max_queue >= 0, got {slots} and {max_queue}")
@@ -228,6 +232,9 @@ class Scheduler:
         self.flags = torch.zeros(2, slots, dtype=torch.bool, device=dev)  # EOS sampled, logits not finite
         self.rows_index = torch.arange(slots, device=dev)
         self.compiled = compile
+        self.sparse_attention = compile if sparse_attention is None else sparse_attention
+        if self.sparse_attention and not compile:
+            raise ValueError("sparse_attention needs compile=True: flex attention is slow unless compiled")
         self.buckets = batch_buckets(slots, compile)  # the step's
         self.prefill_buckets = batch_buckets(slots)
         self.cache_bucket = COMPILED_CACHE_BUCKET if compile else CACHE_BUCKET
@@ -598,7 +605,9 @@ class Scheduler:
         slot = self.pos_d.view(1)
         self.key_valid[:nb].index_fill_(1, slot, True)
         block = call_block if self.compiled else self.run_block  # the whole step compiles: plain blocks inside
-        out = gpt(x, slot, (self.rope_base[:nb] + steps)[:, None], block)[:, 0]
+        # each row's prompt starts rope_base + steps positions before this one (stale in padding rows: harmless)
+        key_first = self.pos_d - self.rope_base[:nb] - steps if self.sparse_attention else None
+        out = gpt(x, slot, (self.rope_base[:nb] + steps)[:, None], block, key_first)[:, 0]
         self.history[: nb * Q].scatter_(1, (step_q % p.penalty_window)[:, None], ids.view(nb * Q, 1))
         self.h[:nb] = out
         steps += 1

@@ -10,8 +10,11 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.nn.attention.flex_attention import BlockMask, flex_attention
 
 from .config import GPTConfig
+
+KEY_BLOCK = 128  # cache positions per block of a decode step's block-sparse attention (GPT.forward key_first)
 
 
 class KVCache(nn.Module):
@@ -42,7 +45,9 @@ class Attention(nn.Module):
         self.wo = nn.Linear(cfg.hidden, cfg.hidden, bias=False)
         self.kv_cache: KVCache | None = None
 
-    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, mask: Tensor, input_pos: Tensor, use_cache: bool) -> Tensor:
+    def forward(
+        self, x: Tensor, cos: Tensor, sin: Tensor, mask: Tensor | BlockMask, input_pos: Tensor, use_cache: bool
+    ) -> Tensor:
         B, T, D = x.shape
         q, k, v = self.wqkv(x).view(B, T, 3, self.heads, self.head_dim).unbind(2)
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # (B, H, T, K)
@@ -51,7 +56,10 @@ class Attention(nn.Module):
         if use_cache:
             k, v = self.kv_cache.update(input_pos, k, v)
             k, v = k[:B], v[:B]
-        y = F.scaled_dot_product_attention(q, k.to(q.dtype), v.to(q.dtype), attn_mask=mask)
+        if isinstance(mask, BlockMask):
+            y = flex_attention(q, k.to(q.dtype), v.to(q.dtype), block_mask=mask)
+        else:
+            y = F.scaled_dot_product_attention(q, k.to(q.dtype), v.to(q.dtype), attn_mask=mask)
         return self.wo(y.transpose(1, 2).reshape(B, T, D))
 
 
@@ -87,13 +95,15 @@ class Block(nn.Module):
         self.ffn_norm = RMSNorm(cfg.hidden, cfg.rms_eps)
         self.feed_forward = FeedForward(cfg)
 
-    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, mask: Tensor, input_pos: Tensor, use_cache: bool) -> Tensor:
+    def forward(
+        self, x: Tensor, cos: Tensor, sin: Tensor, mask: Tensor | BlockMask, input_pos: Tensor, use_cache: bool
+    ) -> Tensor:
         x = x + self.attention(self.attention_norm(x), cos, sin, mask, input_pos, use_cache)
         return x + self.feed_forward(self.ffn_norm(x))
 
 
 def call_block(
-    block: Block, x: Tensor, cos: Tensor, sin: Tensor, mask: Tensor, input_pos: Tensor, use_cache: bool
+    block: Block, x: Tensor, cos: Tensor, sin: Tensor, mask: Tensor | BlockMask, input_pos: Tensor, use_cache: bool
 ) -> Tensor:
     """A block call as a plain function: compiled once, it serves every layer (same code, same shapes)."""
     return block(x, cos, sin, mask, input_pos, use_cache)
@@ -150,12 +160,22 @@ class GPT(nn.Module):
         return self.head_text(h).float()
 
     # --- backbone -----------------------------------------------------------------------------
-    def forward(self, x: Tensor, input_pos: Tensor, rope_pos: Tensor, run_block: BlockRunner | None = None) -> Tensor:
+    def forward(
+        self,
+        x: Tensor,
+        input_pos: Tensor,
+        rope_pos: Tensor,
+        run_block: BlockRunner | None = None,
+        key_first: Tensor | None = None,
+    ) -> Tensor:
         """Cached step or prefill. x (B, T, D) input embeddings, input_pos (T,) cache slots, rope_pos (B, T)
         -> final-norm hidden (B, T, D). Keys are the whole cache (a static shape); `key_valid` marks real ones.
-        `run_block` replaces the plain call of each block (the engine passes a torch.compile'd one)."""
+        `run_block` replaces the plain call of each block (the engine passes a torch.compile'd one).
+        key_first (B,): a decode step (T == 1) whose row b has no real key before cache position key_first[b]:
+        attention skips the blocks of KEY_BLOCK positions wholly outside [key_first, input_pos] (flex attention;
+        meant for a compiled step, where it is one fused kernel; the cache length a multiple of KEY_BLOCK)."""
         B = x.shape[0]
-        return self._run(x, input_pos, rope_pos, self.key_valid[:B], use_cache=True, run_block=run_block)
+        return self._run(x, input_pos, rope_pos, self.key_valid[:B], True, run_block, key_first)
 
     def forward_full(self, x: Tensor, valid: Tensor) -> Tensor:
         """Teacher forcing without the cache: x (B, T, D), valid (B, T) non-padding -> hidden (B, T, D)."""
@@ -170,15 +190,49 @@ class GPT(nn.Module):
         key_valid: Tensor,
         use_cache: bool,
         run_block: BlockRunner | None = None,
+        key_first: Tensor | None = None,
     ) -> Tensor:
         angles = rope_pos[..., None].float() * self.inv_freq  # (B, T, K/2)
         angles = torch.cat((angles, angles), dim=-1)[:, None]  # (B, 1, T, K)
         cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
-        slots = torch.arange(key_valid.shape[1], device=x.device)
-        causal = slots[None, :] <= input_pos[:, None]  # (T, S)
-        itself = slots[None, :] == input_pos[:, None]  # a padded query still sees itself: no empty softmax rows
-        mask = (key_valid[:, None, None, :] & causal) | itself  # (B, 1, T, S)
+        if key_first is not None:
+            mask = self._decode_block_mask(key_valid, input_pos, key_first)
+        else:
+            slots = torch.arange(key_valid.shape[1], device=x.device)
+            causal = slots[None, :] <= input_pos[:, None]  # (T, S)
+            itself = slots[None, :] == input_pos[:, None]  # a padded query still sees itself: no empty softmax rows
+            mask = (key_valid[:, None, None, :] & causal) | itself  # (B, 1, T, S)
         run_block = run_block or call_block
         for layer in self.layers:
             x = run_block(layer, x, cos, sin, mask, input_pos, use_cache)
         return self.norm(x)
+
+    def _decode_block_mask(self, key_valid: Tensor, input_pos: Tensor, key_first: Tensor) -> BlockMask:
+        """The mask of a decode step as flex attention's block mask: row b reads the blocks from key_first[b]'s to
+        input_pos's; the first and the last through `_run`'s dense mask, those between whole (every key between a
+        row's first and the step's position is real: its prompt, then one key per step)."""
+        B, S = key_valid.shape
+        blocks = S // KEY_BLOCK
+        first = (key_first // KEY_BLOCK).to(torch.int32).clamp(0, blocks - 1)
+        last = (input_pos[0] // KEY_BLOCK).to(torch.int32).expand(B).maximum(first)
+        order = torch.arange(blocks, dtype=torch.int32, device=first.device)
+
+        def per_head(t: Tensor) -> Tensor:  # (B, ...) -> (B, H, 1, ...): one query block, the same for every head
+            return t[:, None, None].expand(B, self.cfg.heads, 1, *t.shape[1:]).contiguous()
+
+        ends = torch.where(order[None, :] == 0, first[:, None], last[:, None])  # (B, blocks): first, then last
+        inner = (first[:, None] + 1 + order[None, :]).clamp(max=blocks - 1)
+        pos = input_pos[0]
+
+        def keep(b, h, q, kv):
+            return (key_valid[b, kv] & (kv <= pos)) | (kv == pos)
+
+        return BlockMask.from_kv_blocks(
+            per_head(torch.where(last > first, 2, 1).to(torch.int32)),
+            per_head(ends),
+            per_head((last - first - 1).clamp(min=0)),
+            per_head(inner),
+            BLOCK_SIZE=KEY_BLOCK,
+            mask_mod=keep,
+            seq_lengths=(1, S),
+        )
