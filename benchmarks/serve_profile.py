@@ -78,8 +78,8 @@ def main() -> int:
     p.add_argument(
         "--modes",
         default="eager,graphs,compiled",
-        help="eager, graphs, compiled (the scheduler's step; its attention block-sparse), compiled-dense (attention "
-        "over every row's whole cache bucket)",
+        help="eager, graphs, compiled (the scheduler's whole step), compiled-sparse (its attention block-sparse: "
+        "Scheduler(sparse_attention=True))",
     )
     p.add_argument("--warm-up-positions", type=int, default=1024, help="cache lengths warmed up (compiled) before")
     p.add_argument("--steps", type=int, default=235)
@@ -124,7 +124,7 @@ def main() -> int:
             max_chars=60,
             graphs=mode != "eager" and dev.type == "cuda",
             compile=mode.startswith("compiled"),
-            sparse_attention=mode == "compiled",
+            sparse_attention=mode == "compiled-sparse",
             render_every=a.render_every,
         )
         t0 = time.perf_counter()

@@ -461,8 +461,8 @@ def test_prompts_prefilled_as_one_batch_get_the_audio_each_gets_alone():
 
 def test_compiled_step_gives_the_uncompiled_audio_with_dense_and_block_sparse_attention():
     """Scheduler(compile=True), what `ttsq serve --compile` runs: the whole decode step through torch.compile, its
-    attention given the whole cache buffers, reading only the blocks of cache positions that hold each row's keys
-    (flex attention), or every row's whole bucket (sparse_attention=False). Two requests decoded together, one of two
+    attention given the whole cache buffers, reading every row's whole bucket, or with sparse_attention only the
+    blocks of cache positions that hold each row's keys (flex attention). Two requests decoded together, one of two
     sentences (its second prompt starts past the first block of 128 positions while the other row's started in it),
     must get the audio the uncompiled step gives them (fp32 on the CPU: the fused kernels round differently)."""
     from toolkit.models.gpt import KEY_BLOCK
@@ -480,7 +480,7 @@ def test_compiled_step_gives_the_uncompiled_audio_with_dense_and_block_sparse_at
 
     want, steps = serve(compile=False)
     assert steps > KEY_BLOCK + 40  # the second sentence's prompt lies past the first block
-    for options in ({"compile": True}, {"compile": True, "sparse_attention": False}):
+    for options in ({"compile": True}, {"compile": True, "sparse_attention": True}):
         got, _ = serve(**options)
         for g, w in zip(got, want):
             assert len(g) == len(w) and np.abs(g - w).max() < 1e-3, options

@@ -176,7 +176,7 @@ class Scheduler:
         batch_prefill: bool | None = None,
         render_every: int | None = None,
         compile: bool = False,
-        sparse_attention: bool | None = None,
+        sparse_attention: bool = False,
         profile: bool = False,
     ):
         """slots: requests decoded together at most; max_queue: requests waiting for a slot at most (submit raises
@@ -190,8 +190,8 @@ class Scheduler:
         bucket, cache bucket), coarser buckets than without (COMPILED_BATCHES, COMPILED_CACHE_BUCKET); on CUDA the
         compiled step is captured as the step's graph. warm_up() then compiles for seconds per bucket.
         sparse_attention: the compiled step's attention reads only the blocks of KEY_BLOCK cache positions that hold
-        each row's keys (flex attention, GPT.forward key_first) instead of every row's whole cache bucket (None: with
-        compile; it needs the compiled step). profile: sync
+        each row's keys (flex attention, GPT.forward key_first) instead of every row's whole cache bucket (needs
+        compile; not yet timed on a GPU, so not what `ttsq serve --compile` runs). profile: sync
         the device around prefill, step and render and add their seconds to `timings` (slower; for benchmarks)."""
         if slots < 1 or max_queue < 0:
             raise ValueError(f"slots must be >= 1 and max_queue >= 0, got {slots} and {max_queue}")
@@ -232,8 +232,8 @@ class Scheduler:
         self.flags = torch.zeros(2, slots, dtype=torch.bool, device=dev)  # EOS sampled, logits not finite
         self.rows_index = torch.arange(slots, device=dev)
         self.compiled = compile
-        self.sparse_attention = compile if sparse_attention is None else sparse_attention
-        if self.sparse_attention and not compile:
+        self.sparse_attention = sparse_attention
+        if sparse_attention and not compile:
             raise ValueError("sparse_attention needs compile=True: flex attention is slow unless compiled")
         self.buckets = batch_buckets(slots, compile)  # the step's
         self.prefill_buckets = batch_buckets(slots)
