@@ -36,8 +36,7 @@ class StreamRenderer:
         self.hidden: list[Tensor] = []
         self.steps = 0
         self.emitted = 0  # samples already returned
-        self.window = model.vocos.window.float()
-        device = self.window.device
+        device = model.vocos.window.device
         self.side = torch.cuda.Stream(device) if device.type == "cuda" else None
         # the fewest GPT states after which push() returns samples: ask the engine for them at that point
         self.first_audio_step = (self.r_dec + self.r_voc + self.n_fft // (2 * self.hop)) // 2 + 1
