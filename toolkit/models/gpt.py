@@ -175,7 +175,9 @@ class GPT(nn.Module):
         attention skips the blocks of KEY_BLOCK positions wholly outside [key_first, input_pos] (flex attention;
         meant for a compiled step, where it is one fused kernel; the cache length a multiple of KEY_BLOCK)."""
         B = x.shape[0]
-        return self._run(x, input_pos, rope_pos, self.key_valid[:B], True, run_block, key_first)
+        return self._run(
+            x, input_pos, rope_pos, self.key_valid[:B], use_cache=True, run_block=run_block, key_first=key_first
+        )
 
     def forward_full(self, x: Tensor, valid: Tensor) -> Tensor:
         """Teacher forcing without the cache: x (B, T, D), valid (B, T) non-padding -> hidden (B, T, D)."""
