@@ -350,12 +350,12 @@ def test_shipped_voice_speaker_from_espeak_audio_lands_nearest_that_voice(tmp_pa
     from training.voice.corpus import SPEAKERS, espeak_wav
     from training.voice.measure import mean_spectrum
 
-    said, other, target = "She walked to the market this morning.", "We should meet again after lunch.", "f4"
-    wav = tmp_path / "f4.wav"
+    said, other, target = "She walked to the market this morning.", "We should meet again after lunch.", "f2"
+    wav = tmp_path / "f2.wav"
     sf.write(wav, espeak_wav(said, "en", target), 24000, subtype="PCM_16")
-    r = cli("speaker", "from-audio", str(wav), "--text", said, "--device", "cpu", "-o", str(tmp_path / "f4.txt"))
+    r = cli("speaker", "from-audio", str(wav), "--text", said, "--device", "cpu", "-o", str(tmp_path / "f2.txt"))
     assert r.returncode == 0 and "fitted" in r.stderr, r.stderr[-1500:]
-    fitted = S.parse_speaker(str(tmp_path / "f4.txt"))
+    fitted = S.parse_speaker(str(tmp_path / "f2.txt"))
     assert fitted.shape == (256,)
 
     syn = Synthesizer(None, "cpu")
@@ -374,7 +374,7 @@ def test_shipped_voice_speaker_from_espeak_audio_lands_nearest_that_voice(tmp_pa
     assert fit_nll <= nll[target] + 0.1 and all(fit_nll < v - 0.5 for k, v in nll.items() if k != target), nll
 
     refs = {s: mean_spectrum(espeak_wav(other, "en", s)) for s in SPEAKERS}
-    utt = syn.synthesize(other, speaker=str(tmp_path / "f4.txt"), seed=0)[0]
+    utt = syn.synthesize(other, speaker=str(tmp_path / "f2.txt"), seed=0)[0]
     dist = {s: float(np.linalg.norm(mean_spectrum(utt.wav) - ref)) for s, ref in refs.items()}
     nearest_other = min(d for s, d in dist.items() if s != target)
     assert dist[target] < 0.6 * nearest_other, dist

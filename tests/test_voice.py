@@ -1039,3 +1039,56 @@ def test_picture_titles_show_mandarin_as_its_phonemes():
     zh = {"text": "妈妈刚才需要红色的雨伞。", "phonemes": "mˈɑ5 mˈɑ5 kˈa5ŋ"}
     assert picture_text(en) == en["text"] and picture_text(zh) == zh["phonemes"]
     assert len(picture_text({"text": "word " * 100})) <= 240
+
+
+def test_withdrawn_voices_leave_the_folder_and_a_resumed_run_draws_their_rows_afresh(tmp_path):
+    """python -m training.voice.withdraw, in its own process: the named voice leaves the model, every other tensor is
+    kept bit for bit, the manifest names it; a run rebuilt from the folder keeps the offered rows and draws the
+    withdrawn ones at the offered rows' norm. The default voice, an unknown voice and writing over the folder read
+    are refused."""
+    import subprocess
+    import sys
+
+    import torch
+    from safetensors.torch import load_file
+
+    from toolkit.checkpoint import load_ttsq, read_manifest
+    from training.voice.train import checkpoints_from_voice, load_state
+
+    root = Path(__file__).resolve().parents[1]
+
+    def withdraw(*args):
+        return subprocess.run(
+            [sys.executable, "-m", "training.voice.withdraw", *map(str, args)], cwd=root, capture_output=True, text=True
+        )
+
+    out = tmp_path / "voice"
+    r = withdraw(SHIPPED, "m3", "--out", out)
+    assert r.returncode == 0, r.stderr[-2000:]
+    model = load_ttsq(out)
+    shipped = read_manifest(SHIPPED)
+    assert "m3" not in model.voices and set(model.voices) == set(load_ttsq(SHIPPED).voices) - {"m3"}
+    assert read_manifest(out)["voice"]["withdrawn"] == sorted({"m3", *shipped["voice"].get("withdrawn", [])})
+    assert read_manifest(out)["voice"]["speakers"] == shipped["voice"]["speakers"]
+    before, after = load_file(str(SHIPPED / "model.safetensors")), load_file(str(out / "model.safetensors"))
+    assert set(before) - set(after) == {"voice.m3"} and all(torch.equal(after[k], before[k]) for k in after)
+    assert (out / ENCODER.name).read_bytes() == ENCODER.read_bytes()
+
+    checkpoints_from_voice(out, ENCODER, tmp_path / "ckpt", torch.float32)
+    table = load_state(tmp_path / "ckpt", "gpt")[0]["spk_table"]
+    speakers = shipped["voice"]["speakers"]
+    norm = torch.stack(list(model.voices.values())).float().norm(dim=1).mean()
+    for i, name in enumerate(speakers):
+        if name in model.voices:
+            assert torch.equal(table[i], model.voices[name].float())
+        else:  # a fresh row at the offered rows' mean norm, far from the withdrawn vector
+            assert abs(float(table[i].norm() / norm) - 1) < 1e-4
+            if f"voice.{name}" in before:
+                assert float(torch.cosine_similarity(table[i], before[f"voice.{name}"].float(), dim=0)) < 0.5
+
+    r = withdraw(SHIPPED, shipped["default_voice"], "--out", tmp_path / "v2")
+    assert r.returncode != 0 and "default voice" in r.stderr and not (tmp_path / "v2").exists()
+    r = withdraw(SHIPPED, "zz", "--out", tmp_path / "v3")
+    assert r.returncode != 0 and "zz not among the voices" in r.stderr and not (tmp_path / "v3").exists()
+    r = withdraw(out, "f2", "--out", out)
+    assert r.returncode != 0 and "must differ" in r.stderr and load_ttsq(out).voices.keys() == model.voices.keys()

@@ -434,7 +434,12 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--text", required=True, help="what the recording says")
     model_args(t)
     t.add_argument("--encoder", help="the DVAE encoder's folder or file (default: the model's own)")
-    t.add_argument("--steps", type=int, default=30, help="optimisation steps of the fitted vector (ttsq voices)")
+    t.add_argument(
+        "--steps",
+        type=int,
+        default=30,
+        help="optimisation steps of the fitted vector, from each of the model's voices (ttsq voices)",
+    )
     t.add_argument("-o", "--out", help="write the string to this file instead of standard output")
     t.add_argument("--force", action="store_true", help="overwrite an existing --out file")
     t.set_defaults(func=cmd_speaker_from_audio)

@@ -116,7 +116,7 @@ def speaker_from_file(
     enc = load_dvae_encoder(Path(encoder) if encoder else root, tts.cfg).to(dev)
     settings = settings or FitSettings()
     if notice is not None and not reads_audio_prompts(tts):
-        notice(f"fitting a speaker vector to the sample ({settings.steps} steps)...")
+        notice(f"fitting a speaker vector to the sample ({settings.steps} steps from each voice)...")
     return speaker_from_audio(tts, enc, samples, text, settings)
 
 
@@ -129,7 +129,8 @@ def speaker_string(spk: SampleSpeaker | np.ndarray) -> str:
 
 def fit_vector(model: TTSModel, codes: np.ndarray, text: str, settings: FitSettings) -> np.ndarray:
     """The speaker vector that maximises the teacher-forced likelihood of `codes` (Q, T), then EOS, after the prompt
-    for `text`. Starts from the model's voices' mean direction (or spk_stat's mean), optimised with Adam."""
+    for `text`: Adam from each of the model's voices and from their mean direction (spk_stat's mean for a model
+    without voices), keeping the likeliest end. One start alone can settle nearer another voice."""
     if getattr(model, "precision", "fp32") != "fp32":
         raise SpeakerError(
             f"fit a speaker on the fp32 model, not a {model.precision} artifact: the speaker string it "
@@ -137,10 +138,18 @@ def fit_vector(model: TTSModel, codes: np.ndarray, text: str, settings: FitSetti
         )
     forced = TeacherForced(model, codes, text)
     if model.voices:
-        start = torch.stack([torch.nn.functional.normalize(v.float(), dim=0) for v in model.voices.values()]).mean(0)
+        voices = torch.stack([torch.nn.functional.normalize(v.float(), dim=0) for v in model.voices.values()])
+        starts = torch.cat([voices, voices.mean(0, keepdim=True)])
     else:
-        start = model.spk_stat[1].float()
-    u = torch.nn.Parameter(torch.nn.functional.normalize(start, dim=0).to(forced.emb.device))
+        starts = model.spk_stat[1:2].float()
+    fits = [fit_from(forced, start.to(forced.emb.device), settings) for start in starts]
+    best = min(fits, key=lambda fit: fit[0])[1]
+    return torch.nn.functional.normalize(best, dim=0).cpu().numpy()
+
+
+def fit_from(forced: TeacherForced, start: torch.Tensor, settings: FitSettings) -> tuple[float, torch.Tensor]:
+    """-> (nll, vector) after settings.steps Adam steps from `start`'s direction."""
+    u = torch.nn.Parameter(torch.nn.functional.normalize(start.float(), dim=0))
     opt = torch.optim.Adam([u], lr=settings.lr)
     with torch.enable_grad():
         for _ in range(settings.steps):
@@ -148,7 +157,8 @@ def fit_vector(model: TTSModel, codes: np.ndarray, text: str, settings: FitSetti
             opt.zero_grad()
             loss.backward()
             opt.step()
-    return torch.nn.functional.normalize(u.detach().float(), dim=0).cpu().numpy()
+    with torch.no_grad():
+        return float(forced.nll(u)), u.detach().float()
 
 
 class TeacherForced:

@@ -44,6 +44,7 @@ from toolkit.models.vocos import LogMel, Vocos
 
 from .config import ENCODER_FILE, SHIPPED_ENCODER, voice_config
 from .discriminators import MEL_WEIGHT, Discriminators, DiscriminatorSet, MelDiscriminators
+from .withdraw import offered_voices
 
 SHARD_BYTES = 15 * 2**20
 MEL_LO, MEL_HI = -11.6, 4.4
@@ -121,6 +122,7 @@ class ExportConfig:
     decoder_from: Path | None = None  # a Decoder trained apart, in place of the run's own
     default_voice: str | None = None
     export_fp16: bool = False
+    withdraw: str = ""  # comma-separated voices left out of the folder (training.voice.withdraw)
 
 
 def stage_config(cls, args: argparse.Namespace, prefix: str = ""):
@@ -946,15 +948,15 @@ def export(ex: ExportConfig) -> Path:
     model.vocos.load_state_dict(v[0])
     table = g[0]["spk_table"].float()
     info = json.loads((Path(ex.data) / "pack.json").read_text())
-    model.voices = default_voice_first(
-        {name: table[i].clone() for i, name in enumerate(info["speakers"])}, ex.default_voice, "--default-voice"
-    )
+    voices = {name: table[i].clone() for i, name in enumerate(info["speakers"])}
+    model.voices = default_voice_first(offered_voices(voices, ex.withdraw), ex.default_voice, "--default-voice")
     model.spk_stat.copy_(torch.stack([table.std(0), table.mean(0)]))
     extra = {
         "frontend": "espeak",
         "text_head": False,  # trained on codes only: its text head cannot refine
         "voice": {
             "speakers": info["speakers"],
+            **({"withdrawn": sorted(set(voices) - set(model.voices))} if ex.withdraw else {}),
             "languages": ["en", "zh"],
             "trained_steps": {"gpt": g[1]["step"], "dvae": d[1]["step"], "vocos": v[1]["step"]},
             "corpus": {k: info[k] for k in ("utterances", "train_seconds", "seed") if k in info},
@@ -996,7 +998,18 @@ def checkpoints_from_voice(model_dir: Path, encoder: Path, out: Path, dtype: tor
     model = load_ttsq(Path(model_dir))
     voice = json.loads((Path(model_dir) / "manifest.json").read_text()).get("voice", {})
     steps = voice.get("trained_steps", {})
-    table = torch.stack([model.voices[name] for name in voice["speakers"]])
+    speakers = voice["speakers"]
+    table = torch.zeros(len(speakers), model.cfg.gpt.hidden)
+    for i, name in enumerate(speakers):
+        if name in model.voices:
+            table[i] = model.voices[name].float()
+    missing = [n for n in speakers if n not in model.voices]
+    if missing:  # withdrawn voices: their rows drawn afresh, at the kept rows' mean norm (as --reset-speakers)
+        g, norm = np.random.default_rng(0), torch.stack(list(model.voices.values())).float().norm(dim=1).mean()
+        for name in missing:
+            row = torch.from_numpy(g.standard_normal(table.shape[1])).float()
+            table[speakers.index(name)] = row * norm / row.norm()
+        print(f"{model_dir} lacks the voices {', '.join(missing)} (withdrawn): their speaker rows are drawn afresh")
     save_state(
         out,
         "gpt",
@@ -1153,6 +1166,13 @@ def parser() -> argparse.ArgumentParser:
         default=None,
         help="with --export: the voice a synthesis uses when given no speaker (default: the first speaker "
         "of the corpus)",
+    )
+    ap.add_argument(
+        "--withdraw-voices",
+        dest="withdraw",
+        default="",
+        help="with --export: comma-separated voices left out of the folder, e.g. voices that missed the "
+        "intelligibility goal (the manifest names them; python -m training.voice.withdraw does it to a folder)",
     )
     ap.add_argument(
         "--decoder-from",
