@@ -145,10 +145,13 @@ class _RowsCache(KVCache):
         self.k, self.v, self.length = k, v, length
 
     def update(self, pos: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
-        kc, vc = self.k[: k.shape[0]], self.v[: k.shape[0]]
-        kc.index_copy_(2, pos, k.to(kc.dtype))
-        vc.index_copy_(2, pos, v.to(vc.dtype))
-        return kc[:, :, : self.length], vc[:, :, : self.length]
+        # written through the whole buffers, by index: a write through a view of a graph input (self.k[:B]) made
+        # inductor copy the whole buffer back every step
+        B = k.shape[0]
+        rows = torch.arange(B, device=k.device)[:, None]
+        self.k[rows, :, pos[None]] = k.transpose(1, 2).to(self.k.dtype)  # (B, T, H, K) at [rows, :, pos]
+        self.v[rows, :, pos[None]] = v.transpose(1, 2).to(self.v.dtype)
+        return self.k[:B, :, : self.length], self.v[:B, :, : self.length]
 
 
 def batch_buckets(slots: int, compiled: bool = False) -> list[int]:
