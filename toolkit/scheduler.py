@@ -194,7 +194,7 @@ class Scheduler:
         compiled step is captured as the step's graph. warm_up() then compiles for seconds per bucket.
         sparse_attention: the compiled step's attention reads only the blocks of KEY_BLOCK cache positions that hold
         each row's keys (flex attention, GPT.forward key_first) instead of every row's whole cache bucket (needs
-        compile; not yet timed on a GPU, so not what `ttsq serve --compile` runs). profile: sync
+        compile; opt-in: it did not pay at the cache lengths measured, benchmarks/README.md). profile: sync
         the device around prefill, step and render and add their seconds to `timings` (slower; for benchmarks)."""
         if slots < 1 or max_queue < 0:
             raise ValueError(f"slots must be >= 1 and max_queue >= 0, got {slots} and {max_queue}")
