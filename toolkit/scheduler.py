@@ -180,6 +180,7 @@ class Scheduler:
         render_every: int | None = None,
         compile: bool = False,
         sparse_attention: bool = False,
+        render_first: bool = False,
         profile: bool = False,
     ):
         """slots: requests decoded together at most; max_queue: requests waiting for a slot at most (submit raises
@@ -194,7 +195,9 @@ class Scheduler:
         compiled step is captured as the step's graph. warm_up() then compiles for seconds per bucket.
         sparse_attention: the compiled step's attention reads only the blocks of KEY_BLOCK cache positions that hold
         each row's keys (flex attention, GPT.forward key_first) instead of every row's whole cache bucket (needs
-        compile; opt-in: it did not pay at the cache lengths measured, benchmarks/README.md). profile: sync
+        compile; opt-in: it did not pay at the cache lengths measured, benchmarks/README.md). render_first: the
+        renders' CUDA stream at the highest priority, so that a render (a first audio) finishes before the steps
+        queued beside it rather than sharing the device with them (an experiment, not yet timed). profile: sync
         the device around prefill, step and render and add their seconds to `timings` (slower; for benchmarks)."""
         if slots < 1 or max_queue < 0:
             raise ValueError(f"slots must be >= 1 and max_queue >= 0, got {slots} and {max_queue}")
@@ -256,7 +259,8 @@ class Scheduler:
         self._pool = None  # one memory pool for every captured step (they never run at once)
         # renders run on a stream of their own beside the steps; their audio reaches the jobs through the outbox, in
         # order, once its copy to the host is done: (Rendered or None, what to do then)
-        self._side = torch.cuda.Stream(dev) if cuda else None
+        # (a priority past the device's range is clamped to its highest)
+        self._side = torch.cuda.Stream(dev, priority=-100 if render_first else 0) if cuda else None
         self._outbox: deque[tuple[Rendered | None, Callable[[], None]]] = deque()
         self._ends: list[_Ends] = []  # sentence ends gathered, not yet rendered
         self.run_block = synth.engine._run_block  # compiled where the synthesizer's engine compiles
