@@ -29,6 +29,7 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+from provenance import commit  # noqa: E402  (benchmarks/, the script's own folder)
 
 SR = 24000
 VOICES = {"en": "en-us", "zh": "cmn-latn-pinyin"}
@@ -126,12 +127,9 @@ def main(argv=None) -> int:
         ]
 
     summary = {c: asr.by_language(counts(c)) for c in conds}
-    commit = subprocess.run(
-        ["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True
-    ).stdout.strip()
     res = {
         "command": " ".join(["python", "benchmarks/asr_validation.py", *(argv or sys.argv[1:])]),
-        "commit": commit,
+        "commit": commit(),
         "hardware": f"{platform.machine()} CPU",
         "text_set": a.set,
         "records": len(records),

@@ -33,6 +33,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+from provenance import commit  # noqa: E402  (benchmarks/, the script's own folder)
+
 SAMPLE_RATE = 24000
 WORDS = (
     "the quick brown fox jumps over a lazy dog near river bank bright sunny morning everyone went out play "
@@ -356,10 +358,9 @@ def main() -> int:
             proc.wait(60)
         except subprocess.TimeoutExpired:
             proc.kill()
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
     report = {
         "command": "python3 benchmarks/serve_load.py " + " ".join(argv),
-        "commit": os.environ.get("TTSQ_COMMIT") or commit.stdout.strip() or None,  # set where no .git travels
+        "commit": commit(),
         "hardware": hardware(a.device),
         "args": {k: v for k, v in vars(a).items() if k != "serve_only"},
         "baseline": baseline,

@@ -26,6 +26,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from provenance import commit  # noqa: E402  (benchmarks/, the script's own folder)
 
 from toolkit import SamplingParams, Synthesizer  # noqa: E402
 from toolkit.bench import decode_rate, random_model  # noqa: E402
@@ -96,7 +97,7 @@ def main() -> int:
     model.tokenizer = load_model().tokenizer
     synth = Synthesizer(model, a.device, a.precision, compile="block" if a.compile else False)
     params = SamplingParams(min_new_tokens=a.steps, max_new_tokens=a.steps)
-    report: dict = {"args": vars(a), "torch": torch.__version__, "modes": {}}
+    report: dict = {"commit": commit(), "args": vars(a), "torch": torch.__version__, "modes": {}}
     if dev.type == "cuda":
         report["gpu"] = torch.cuda.get_device_name(dev)
         report["engine_steps_per_s"] = {

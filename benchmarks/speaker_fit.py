@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import json
 import platform
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -22,6 +21,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the lab (training/) is not installed
+from provenance import commit  # noqa: E402  (benchmarks/, the script's own folder)
 
 SAMPLE = "She walked to the market this morning."
 OTHERS = ["We should meet again after lunch.", "The train was late, so they took a taxi home."]
@@ -82,10 +82,9 @@ def main() -> int:
             }
         )
         print(json.dumps(rows[-1]), flush=True)
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     report = {
         "command": "OMP_NUM_THREADS=1 python benchmarks/speaker_fit.py",
-        "commit": commit,
+        "commit": commit(),
         "hardware": f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} torch thread(s), "
         "shared CPU",
         "sample": SAMPLE,

@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import json
 import platform
-import subprocess
 import sys
 import tempfile
 import time
@@ -24,6 +23,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
+from provenance import commit  # noqa: E402  (benchmarks/, the script's own folder)
 
 
 def main(argv=None) -> int:
@@ -81,12 +81,9 @@ def main(argv=None) -> int:
             for r in records:
                 sf.write(ref / f"{r.id}.wav", espeak(r.text, variant), SR)
             rows[name] = score_folder(ref, set_file, dnsmos=False)
-    commit = subprocess.run(
-        ["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True
-    ).stdout.strip()
     res = {
         "command": " ".join(["python", "benchmarks/voice_intelligibility.py", *(argv or sys.argv[1:])]),
-        "commit": commit,
+        "commit": commit(),
         "hardware": f"{platform.machine()} CPU",
         "model": a.model or "shipped voice",
         "speaker": a.speaker or "default",

@@ -18,13 +18,13 @@ import json
 import os
 import platform
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+from provenance import commit  # noqa: E402  (benchmarks/, the script's own folder)
 
 
 def cpu_seconds() -> float:
@@ -68,12 +68,9 @@ def main(argv=None) -> int:
         print(f"\r{i + 1}/{len(records)}", end="", file=sys.stderr, flush=True)
     print(file=sys.stderr)
     med = {k: statistics.median(r[k] for r in rows) for k in ("wall_rtf", "cpu_rtf")}
-    commit = subprocess.run(
-        ["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True
-    ).stdout.strip()
     res = {
         "command": " ".join(["python", "benchmarks/voice_rtf.py", *(argv or sys.argv[1:])]),
-        "commit": commit,
+        "commit": commit(),
         "hardware": f"{platform.machine()} CPU, {os.cpu_count()} cores",
         "torch_threads": a.threads,
         "model": a.model or "shipped voice",
