@@ -498,10 +498,18 @@ def test_export_takes_a_decoder_trained_apart_and_stores_fp16(tmp_path):
             "--decoder-from",
             str(tmp_path / "decoder.safetensors"),
             "--export-fp16",
+            "--withdraw-voices",
+            "f5",
         ]
     )
-    assert json.loads((tmp_path / "model" / "manifest.json").read_text())["weights_dtype"] == "float16"
+    manifest = json.loads((tmp_path / "model" / "manifest.json").read_text())
+    assert manifest["weights_dtype"] == "float16" and manifest["voice"]["withdrawn"] == ["f5"]
     model = load_model(tmp_path / "model")
+    speakers = manifest["voice"]["speakers"]
+    assert set(model.voices) == set(speakers) - {"f5"}  # the others are the run's speaker rows
+    assert all(
+        torch.equal(v.float(), state["spk_table"][speakers.index(k)].half().float()) for k, v in model.voices.items()
+    )
     for k, v in model.decoder.state_dict().items():
         assert v.dtype == torch.float32 and torch.equal(v, trained_apart[k].float()), k
     for k, v in model.gpt.state_dict().items():
