@@ -1096,6 +1096,8 @@ def test_withdrawn_voices_leave_the_folder_and_a_resumed_run_draws_their_rows_af
 
     r = withdraw(SHIPPED, shipped["default_voice"], "--out", tmp_path / "v2")
     assert r.returncode != 0 and "default voice" in r.stderr and not (tmp_path / "v2").exists()
+    r = withdraw(SHIPPED, "m7", "--out", out)  # the folder written before: kept, not replaced without --force
+    assert r.returncode != 0 and "already exists" in r.stderr and "m7" in load_ttsq(out).voices
     r = withdraw(SHIPPED, "zz", "--out", tmp_path / "v3")
     assert r.returncode != 0 and "zz not among the voices" in r.stderr and not (tmp_path / "v3").exists()
     r = withdraw(out, "f2", "--out", out)

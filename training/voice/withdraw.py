@@ -64,7 +64,13 @@ def main(argv=None) -> Path:
     args = ap.parse_args(argv)
     if args.out.resolve() == args.voice.resolve():
         ap.error("--out must differ from the voice folder read; move the result into place yourself")
-    return withdraw_voices(args.voice, args.names, args.out, force=args.force)
+    from toolkit.checkpoint import CheckpointError
+    from toolkit.fileio import OutputExistsError
+
+    try:
+        return withdraw_voices(args.voice, args.names, args.out, force=args.force)
+    except (OutputExistsError, CheckpointError) as e:  # a message that names the fix, not a traceback
+        raise SystemExit(f"error: {e}") from None
 
 
 if __name__ == "__main__":
