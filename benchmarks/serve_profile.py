@@ -88,6 +88,7 @@ def main() -> int:
     p.add_argument("--render-every", type=int, default=None, help="Scheduler(render_every=): steps between renders")
     p.add_argument("--sentences", type=int, default=1, help="sentences per request")
     p.add_argument("--render-first", action="store_true", help="Scheduler(render_first=True): renders' stream first")
+    p.add_argument("--render-graphs", action="store_true", help="Scheduler(render_graphs=True): renders as graphs")
     p.add_argument("--stagger-ms", type=float, default=0.0, help="between the submissions of a batch's requests")
     p.add_argument("--out", required=True)
     a = p.parse_args()
@@ -129,6 +130,7 @@ def main() -> int:
             sparse_attention=mode == "compiled-sparse",
             render_every=a.render_every,
             render_first=a.render_first,
+            render_graphs=a.render_graphs and mode != "eager" and dev.type == "cuda",
         )
         t0 = time.perf_counter()
         captured = sched.warm_up(lengths=a.warm_up_positions) if a.warm_up_positions else 0

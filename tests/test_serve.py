@@ -400,12 +400,22 @@ def test_sigterm_lets_the_stream_in_flight_finish(tmp_path):
             proc.wait()
 
 
-def test_batched_rendering_from_a_ring_equals_each_renderer_alone():
+@pytest.mark.parametrize("padded", [False, True])
+def test_batched_rendering_from_a_ring_equals_each_renderer_alone(padded):
     """streaming.render_ring (the scheduler's batched render, windows gathered from a ring of states) against
     push() and finish() per renderer, on real GPT states of two sentences pushed in chunks of different sizes (the
     windows in a batch differ in length), through a ring barely larger than a window, so that positions wrap and
-    the finishing windows reach back to the ring's limit."""
-    from toolkit.streaming import StreamRenderer, render_ring
+    the finishing windows reach back to the ring's limit. padded: the pushes padded with zero rows and states, to
+    the shapes of captured renders (Scheduler(render_graphs=True)), their samples from a `samples` callable."""
+    from toolkit.streaming import StreamRenderer, render_ring, window_samples
+
+    calls = []
+
+    def samples(states):  # what a captured render of that shape would give
+        calls.append(tuple(states.shape[:2]))
+        return window_samples(synth.model, states)
+
+    extra = dict(pad=lambda B, S: (B + 2, S + 5), samples=samples) if padded else {}
 
     synth = Synthesizer(device="cpu")
     utts = synth.synthesize(
@@ -427,9 +437,10 @@ def test_batched_rendering_from_a_ring_equals_each_renderer_alone():
             for j, state in enumerate(part):
                 ring[i, (k * sizes[i] + j) % R] = state
         items = [(i, r, len(part)) for i, (r, part) in enumerate(zip(together, parts))]
-        for i, piece in enumerate(render_ring(synth.model, ring, items).pieces()):
+        for i, piece in enumerate(render_ring(synth.model, ring, items, **extra).pieces()):
             got[i].append(piece)
-    tails = render_ring(synth.model, ring, [(i, r, 0) for i, r in enumerate(together)], finish=True).pieces()
+    tails = render_ring(synth.model, ring, [(i, r, 0) for i, r in enumerate(together)], finish=True, **extra).pieces()
+    assert not padded or sum(B > 2 for B, _ in calls) > 2  # the pushes went through `samples`, padded
     for i in range(2):
         g = np.concatenate(got[i] + [tails[i]])
         w = np.concatenate(want[i] + [alone[i].finish()])
@@ -484,3 +495,14 @@ def test_compiled_step_gives_the_uncompiled_audio_with_dense_and_block_sparse_at
         got, _ = serve(**options)
         for g, w in zip(got, want):
             assert len(g) == len(w) and np.abs(g - w).max() < 1e-3, options
+
+
+def test_scheduler_options_that_need_graphs_or_compile_say_so_on_the_cpu():
+    """Options that only exist with CUDA graphs or a compiled step fail at construction with the reason, not later."""
+    synth = Synthesizer(device="cpu")
+    with pytest.raises(ValueError, match="render_graphs needs graphs"):
+        Scheduler(synth, slots=1, render_graphs=True)
+    with pytest.raises(ValueError, match="sparse_attention needs compile"):
+        Scheduler(synth, slots=1, sparse_attention=True)
+    with pytest.raises(ValueError, match="graphs=True needs a CUDA device"):
+        Scheduler(synth, slots=1, graphs=True)

@@ -50,9 +50,10 @@ from .models.gpt import KVCache, call_block
 from .plan import Plan
 from .prompt import Voice, encode_prompts, to_device
 from .sampling import SamplingParams, sample_codes
-from .streaming import Rendered, StreamRenderer, Windows, gather_ring, render_gathered, render_ring
+from .streaming import Rendered, StreamRenderer, Windows, gather_ring, render_gathered, render_ring, window_samples
 from .synthesizer import OutOfMemory, Synthesizer, _is_out_of_memory
 
+RENDER_WINDOW_BUCKET = 32  # a captured render's window length is a multiple of this (at most the ring's - 1)
 PREFILL_GRAPH_MAX = 256  # prompts up to this many tokens prefill through graphs (longer ones, rare, without)
 # with compile, the step compiles once per (batch bucket, cache bucket): fewer, coarser buckets bound the warm-up
 COMPILED_BATCHES = (16, 32)  # and slots
@@ -181,6 +182,7 @@ class Scheduler:
         compile: bool = False,
         sparse_attention: bool = False,
         render_first: bool = False,
+        render_graphs: bool = False,
         profile: bool = False,
     ):
         """slots: requests decoded together at most; max_queue: requests waiting for a slot at most (submit raises
@@ -197,7 +199,10 @@ class Scheduler:
         each row's keys (flex attention, GPT.forward key_first) instead of every row's whole cache bucket (needs
         compile; opt-in: it did not pay at the cache lengths measured, benchmarks/README.md). render_first: the
         renders' CUDA stream at the highest priority, so that a render (a first audio) finishes before the steps
-        queued beside it rather than sharing the device with them (an experiment, not yet timed). profile: sync
+        queued beside it rather than sharing the device with them (an experiment, not yet timed). render_graphs:
+        warm_up() also captures the push renders (Decoder, Vocos, overlap-add) as CUDA graphs per batch bucket and
+        window bucket (RENDER_WINDOW_BUCKET), so that a render costs the host one replay instead of hundreds of
+        launches while the steps wait for it (needs graphs; an experiment, not yet timed). profile: sync
         the device around prefill, step and render and add their seconds to `timings` (slower; for benchmarks)."""
         if slots < 1 or max_queue < 0:
             raise ValueError(f"slots must be >= 1 and max_queue >= 0, got {slots} and {max_queue}")
@@ -241,6 +246,12 @@ class Scheduler:
         self.sparse_attention = sparse_attention
         if sparse_attention and not compile:
             raise ValueError("sparse_attention needs compile=True: flex attention is slow unless compiled")
+        if render_graphs and not self.graphs:
+            raise ValueError("render_graphs needs graphs (a CUDA device with CUDA graphs on)")
+        self.render_graphs = render_graphs
+        self._renders: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, Tensor, Tensor]] = {}  # (B, S) -> graph,
+        # its input windows and its samples
+        self._render_pool = None  # the render graphs' own: they run beside the steps' graphs, never beside each other
         self.buckets = batch_buckets(slots, compile)  # the step's
         self.prefill_buckets = batch_buckets(slots)
         self.cache_bucket = COMPILED_CACHE_BUCKET if compile else CACHE_BUCKET
@@ -334,7 +345,19 @@ class Scheduler:
                 for Tb in range(PREFILL_BUCKET, prompts + 1, PREFILL_BUCKET):
                     for mb in self.prefill_buckets:
                         self._prefill_graph(mb, Tb)
-            return len(self._graphs) - before
+                if self.render_graphs:
+                    try:
+                        for S in self._render_windows():
+                            for B in self.buckets:
+                                self._capture_render(B, S)
+                    except CaptureError as e:
+                        warnings.warn(
+                            f"the scheduler's renders cannot be captured in CUDA graphs ({e}); rendering without",
+                            RuntimeWarning,
+                            stacklevel=2,
+                        )
+                        self._renders.clear()
+            return len(self._graphs) - before + len(self._renders)
 
     def retry_after(self) -> int:
         """Seconds until a queued request would likely get a slot: the waiting jobs' service, spread over slots."""
@@ -638,12 +661,15 @@ class Scheduler:
                 t.copy_(old)
         return self._graphs[key]
 
-    def _capture(self, run: Callable[[], None]) -> torch.cuda.CUDAGraph:
-        """run() as a CUDA graph, after two warm-up runs on a side stream (lazy inits, compiles), in the pool every
-        graph of this scheduler shares (they never run at once). A kernel that refuses capture raises CaptureError."""
+    def _capture(self, run: Callable[[], None], pool=None) -> torch.cuda.CUDAGraph:
+        """run() as a CUDA graph, after two warm-up runs on a side stream (lazy inits, compiles), in `pool` (default
+        the one every step and prefill graph shares: they never run at once). A kernel that refuses capture raises
+        CaptureError."""
         dev = self.synth.device
-        if self._pool is None:
-            self._pool = torch.cuda.graph_pool_handle()
+        if pool is None:
+            if self._pool is None:
+                self._pool = torch.cuda.graph_pool_handle()
+            pool = self._pool
         try:
             side = torch.cuda.Stream(dev)
             side.wait_stream(torch.cuda.current_stream(dev))
@@ -653,7 +679,7 @@ class Scheduler:
             torch.cuda.current_stream(dev).wait_stream(side)
             graph = torch.cuda.CUDAGraph()
             # thread_local: the server's threads may touch the device meanwhile (a request's speaker, say)
-            with torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
+            with torch.cuda.graph(graph, pool=pool, capture_error_mode="thread_local"):
                 run()
         except RuntimeError as e:
             if "captur" not in str(e).lower():
@@ -770,6 +796,37 @@ class Scheduler:
         for i in sorted(done, reverse=True):
             self._remove(i)
 
+    def _render_windows(self) -> list[int]:
+        """The window lengths a push render is padded to with render_graphs: multiples of RENDER_WINDOW_BUCKET, then
+        the longest a window can be (the ring's length - 1)."""
+        return sorted({*range(RENDER_WINDOW_BUCKET, self.R - 1, RENDER_WINDOW_BUCKET), self.R - 1})
+
+    def _render_pad(self, B: int, S: int) -> tuple[int, int]:
+        """A push render of B windows of up to S states -> the captured shape it is padded to."""
+        return next(b for b in self.buckets if b >= B), next(w for w in self._render_windows() if w >= S)
+
+    def _capture_render(self, B: int, S: int) -> None:
+        """The render of B windows of S states (streaming.window_samples) as a CUDA graph over static windows."""
+        if (B, S) in self._renders:
+            return
+        if self._render_pool is None:
+            self._render_pool = torch.cuda.graph_pool_handle()
+        windows = torch.zeros(B, S, self.gpt.cfg.hidden, dtype=self.ring.dtype, device=self.ring.device)
+        out: list[Tensor] = []
+        graph = self._capture(lambda: out.append(window_samples(self.synth.model, windows)), self._render_pool)
+        self._renders[(B, S)] = graph, windows, out[-1]  # the captured run's samples, in the graph's memory
+
+    def _captured_render(self, states: Tensor) -> Tensor | None:
+        """window_samples(model, states) by replaying the render captured for its shape (on the current stream:
+        the renders' side stream), or None where none was captured."""
+        found = self._renders.get(tuple(states.shape[:2]))
+        if found is None:
+            return None
+        graph, windows, samples = found
+        windows.copy_(states)
+        graph.replay()
+        return samples
+
     def _render(self, idx: list[int]) -> list[int]:
         """Render rows idx's pending states as one batch (streaming.render_ring): the windows are gathered from the
         ring on the step's stream and rendered on the side stream on CUDA, so the steps go on meanwhile; the audio is
@@ -779,7 +836,14 @@ class Scheduler:
         rows = [self.rows[i] for i in idx]
         try:
             items = [(i, r.renderer, r.pending) for i, r in zip(idx, rows)]
-            rendered = render_ring(self.synth.model, self.ring, items, side=self._side)
+            rendered = render_ring(
+                self.synth.model,
+                self.ring,
+                items,
+                side=self._side,
+                pad=self._render_pad if self._renders else None,
+                samples=self._captured_render if self._renders else None,
+            )
         except Exception as e:  # noqa: BLE001 - these requests fail, the others go on
             for r in rows:
                 self._fail(r.job, e)
@@ -828,7 +892,9 @@ class Scheduler:
                 batches = [
                     ([j for idx, _ in p for j in idx], Windows.cat([w for _, w in p])) for p in by_length.values()
                 ]
-                rendered = render_gathered(self.synth.model, len(jobs), batches, self._side)
+                rendered = render_gathered(
+                    self.synth.model, len(jobs), batches, self._side, self._captured_render if self._renders else None
+                )
         except Exception as e:  # noqa: BLE001 - these requests fail, the others go on
             for job in {job.id: job for job in jobs}.values():
                 self._fail(job, e)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass
-from typing import Iterator
+from typing import Callable, Iterator
 
 import numpy as np
 import torch
@@ -138,14 +138,11 @@ class Rendered:
         return out
 
 
-def render_windows(model: TTSModel, states: Tensor, rows: list[tuple[int, int, int]]) -> tuple[Tensor, list]:
-    """states (B, S, D): each row's window of GPT states, right-padded with anything to S; rows: each one's
-    (s0, t0, t1), its window starting at state s0 and the samples [t0, t1) wanted of it. A fixed number of kernels
-    whatever B: the Decoder and Vocos over the whole windows, one inverse FFT and overlap-add.
-
-    Padding reaches only samples past t1 when t1 is a final sample (StreamRenderer._final_sample): a window that
-    ends the utterance (t1 its end_sample) must not be padded. -> (samples (B, L), each row's span in them)."""
-    hop, n_fft, half = model.cfg.vocos.hop, model.cfg.vocos.n_fft, model.cfg.vocos.n_fft // 2
+def window_samples(model: TTSModel, states: Tensor) -> Tensor:
+    """states (B, S, D), each row a window of GPT states -> (B, n) the samples of each whole window: the Decoder and
+    Vocos over the windows, one inverse FFT, overlap-add and its normalisation. A fixed number of kernels whatever B,
+    and every shape follows from (B, S): capturable as a CUDA graph per (B, S)."""
+    hop, n_fft = model.cfg.vocos.hop, model.cfg.vocos.n_fft
     mel = model.hidden_to_mel(states)  # (B, n_mels, 2S)
     spec = model.vocos.spectrum(mel.to(model.vocos.embed.weight.dtype))  # (B, n_fft/2+1, 2S)
     window = model.vocos.window.float()
@@ -154,11 +151,26 @@ def render_windows(model: TTSModel, states: Tensor, rows: list[tuple[int, int, i
     fold = dict(output_size=(1, n), kernel_size=(1, n_fft), stride=(1, hop))
     ola = torch.nn.functional.fold(torch.fft.irfft(spec, n=n_fft, dim=1) * window[:, None], **fold).view(-1, n)
     env = torch.nn.functional.fold((window**2)[None, :, None].expand(1, -1, F), **fold).view(n)
-    # sample 0 of a row's ola is its window's first frame's first sample: 2 * s0 * hop - half
+    return ola / env.clamp(min=1e-11)
+
+
+def window_spans(model: TTSModel, rows: list[tuple[int, int, int]]) -> tuple[int, int, list[tuple[int, int]]]:
+    """rows: each window's (s0, t0, t1) -> (lo, hi, spans): the columns [lo, hi) of window_samples that hold every
+    row's samples [t0, t1), and each row's span within them."""
+    hop, half = model.cfg.vocos.hop, model.cfg.vocos.n_fft // 2
+    # sample 0 of a window is its first frame's first sample: 2 * s0 * hop - half
     spans = [(t0 - (2 * s0 * hop - half), t1 - (2 * s0 * hop - half)) for s0, t0, t1 in rows]
     lo, hi = min(a for a, _ in spans), max(b for _, b in spans)
-    samples = ola[:, lo:hi] / env[lo:hi].clamp(min=1e-11)
-    return samples, [(a - lo, b - lo) for a, b in spans]
+    return lo, hi, [(a - lo, b - lo) for a, b in spans]
+
+
+def render_windows(model: TTSModel, states: Tensor, rows: list[tuple[int, int, int]]) -> tuple[Tensor, list]:
+    """states (B, S, D): each row's window of GPT states, right-padded with anything to S (B may exceed len(rows):
+    padding rows); rows: each one's (s0, t0, t1), its window starting at state s0 and the samples [t0, t1) wanted of
+    it. Padding reaches only samples past t1 when t1 is a final sample (StreamRenderer._final_sample): a window that
+    ends the utterance (t1 its end_sample) must not be padded. -> (samples (len(rows), L), each row's span in them)."""
+    lo, hi, spans = window_spans(model, rows)
+    return window_samples(model, states)[: len(rows), lo:hi], spans
 
 
 @dataclass
@@ -176,7 +188,10 @@ class Windows:
 
 @torch.inference_mode()
 def gather_ring(
-    ring: Tensor, items: list[tuple[int, StreamRenderer, int]], finish: bool = False
+    ring: Tensor,
+    items: list[tuple[int, StreamRenderer, int]],
+    finish: bool = False,
+    pad: Callable[[int, int], tuple[int, int]] | None = None,
 ) -> list[tuple[list[int], Windows]]:
     """The windows several renderers render next, gathered (on the current stream) from states a caller keeps:
     state s of item (i, renderer, n) at ring[i, s % R]. Each renderer takes n new states first (they must be in the
@@ -184,8 +199,9 @@ def gather_ring(
     what its states make final. -> (item indices, their windows) per batch; items with nothing to render are in
     none. The ring may be overwritten as soon as the gathers are queued.
 
-    Pushes form one batch (right-padded). Finishing windows must end unpadded: each reaches back up to R - 1 states
-    (past what its samples need), so all but short utterances share one length, and one batch."""
+    Pushes form one batch (right-padded); pad(rows, length) -> (rows, length) at least those pads it further, with
+    zero rows and states (to shapes a captured render has). Finishing windows must end unpadded: each reaches back up
+    to R - 1 states (past what its samples need), so all but short utterances share one length, and one batch."""
     R = ring.shape[1]
     groups: dict[int, list] = {}  # window length (0 for pushes) -> [(item, renderer, ring row, s0, t0, t1)]
     for j, (i, r, n) in enumerate(items):
@@ -200,13 +216,16 @@ def gather_ring(
             raise RuntimeError(f"a window of {r.steps - s0} states outgrew a ring of {R}: R must exceed it")
         groups.setdefault(r.steps - s0 if finish else 0, []).append((j, r, i, s0, t0, t1))
     out = []
-    for rows in groups.values():
-        S = max(r.steps - s0 for _, r, _, s0, _, _ in rows)
-        pos = np.full((len(rows), S), -1, dtype=np.int64)
+    for length, rows in groups.items():
+        B, S = len(rows), max(r.steps - s0 for _, r, _, s0, _, _ in rows)
+        if pad is not None and length == 0:
+            B, S = pad(B, S)
+        pos = np.full((B, S), -1, dtype=np.int64)
         for k, (_, r, _, s0, _, _) in enumerate(rows):
             pos[k, : r.steps - s0] = np.arange(s0, r.steps) % R
         pos_d = to_device(torch.from_numpy(pos), ring.device)
-        at = to_device(torch.tensor([i for _, _, i, *_ in rows])[:, None], ring.device)
+        ring_rows = [i for _, _, i, *_ in rows] + [0] * (B - len(rows))  # padding rows read row 0, masked to zeros
+        at = to_device(torch.tensor(ring_rows)[:, None], ring.device)
         states = torch.where((pos_d >= 0)[..., None], ring[at, pos_d.clamp(min=0)], 0)
         out.append(([j for j, *_ in rows], Windows(states, [(s0, t0, t1) for *_, s0, t0, t1 in rows])))
         for _, r, _, _, _, t1 in rows:
@@ -216,10 +235,15 @@ def gather_ring(
 
 @torch.inference_mode()
 def render_gathered(
-    model: TTSModel, n: int, batches: list[tuple[list[int], Windows]], side: "torch.cuda.Stream | None" = None
+    model: TTSModel,
+    n: int,
+    batches: list[tuple[list[int], Windows]],
+    side: "torch.cuda.Stream | None" = None,
+    samples: Callable[[Tensor], Tensor | None] | None = None,
 ) -> Rendered:
     """Render gather_ring's batches for n items, on `side` when given (after what the current stream has queued).
-    -> the items' pieces, deferred."""
+    samples(states) may give window_samples' result itself (a captured render of that shape), or None (rendered
+    here). -> the items' pieces, deferred."""
     out = Rendered(n)
     if side is not None:
         side.wait_stream(torch.cuda.current_stream(side.device))
@@ -227,7 +251,12 @@ def render_gathered(
             w.states.record_stream(side)
     with torch.cuda.stream(side) if side is not None else contextlib.nullcontext():
         for idx, w in batches:
-            out.add(idx, *render_windows(model, w.states, w.rows))
+            whole = samples(w.states) if samples is not None else None
+            if whole is None:
+                out.add(idx, *render_windows(model, w.states, w.rows))
+            else:
+                lo, hi, spans = window_spans(model, w.rows)
+                out.add(idx, whole[: len(w.rows), lo:hi], spans)
     return out
 
 
@@ -237,9 +266,11 @@ def render_ring(
     items: list[tuple[int, StreamRenderer, int]],
     finish: bool = False,
     side: "torch.cuda.Stream | None" = None,
+    pad: Callable[[int, int], tuple[int, int]] | None = None,
+    samples: Callable[[Tensor], Tensor | None] | None = None,
 ) -> Rendered:
     """gather_ring, then render_gathered: the items' pieces, deferred."""
-    return render_gathered(model, len(items), gather_ring(ring, items, finish), side)
+    return render_gathered(model, len(items), gather_ring(ring, items, finish, pad), side, samples)
 
 
 def stream_text(
