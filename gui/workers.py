@@ -240,8 +240,8 @@ def model_voices(path: str | None) -> list[str]:
 
     root = Path(path) if path else DEFAULT_MODEL
     m = _manifest(root) if root.is_dir() else {}
-    names = m.get("voices") or (m.get("voice") or {}).get("speakers") or []
-    if not names and (root / "model.safetensors").is_file():
+    names = list(m.get("voices") or [])  # an ONNX export's
+    if not names and (root / "model.safetensors").is_file():  # a ttsq folder's: the voices its weights hold
         try:
             from safetensors import safe_open
 
@@ -249,7 +249,11 @@ def model_voices(path: str | None) -> list[str]:
                 names = [k[len("voice.") :] for k in f.keys() if k.startswith("voice.")]
         except Exception:  # noqa: BLE001 -- a broken file is reported when it is loaded, not here
             names = []
-    return [str(n) for n in names]
+    if not names:  # the voices it was trained with, less those withdrawn (training.voice.withdraw)
+        voice = m.get("voice") or {}
+        names = [n for n in voice.get("speakers", []) if n not in voice.get("withdrawn", [])]
+    default = m.get("default_voice")
+    return [str(n) for n in sorted(names, key=lambda n: n != default)]  # the default first, as synthesis takes it
 
 
 def _folder_bytes(root: Path) -> int:

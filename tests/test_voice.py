@@ -439,7 +439,9 @@ def test_alignment_check_reads_along_the_text_on_a_training_sentence(tmp_path):
     from training.voice.corpus import build
     from training.voice.train import off_diagonal_mass
 
-    build(tmp_path / "corpus", n_train=4, n_heldout=1, seed=0, workers=1, vocoder_seconds=200)
+    build(
+        tmp_path / "corpus", n_train=4, n_heldout=4, seed=0, workers=1, vocoder_seconds=200
+    )  # some in withdrawn voices
     main(
         [
             "--corpus",
@@ -553,10 +555,11 @@ def test_measure_scores_held_out_sentences_and_the_vocoders_ceiling(tmp_path, ca
     vocoder resynthesising a reference from its own log-mel is closer to it than the whole model's synthesis is."""
     import json
 
+    from toolkit.synthesizer import load_model
     from training.voice.corpus import build
     from training.voice.measure import main
 
-    build(tmp_path / "corpus", n_train=2, n_heldout=3, seed=0, workers=1, vocoder_seconds=0)
+    build(tmp_path / "corpus", n_train=2, n_heldout=6, seed=0, workers=1, vocoder_seconds=0)  # some in withdrawn voices
     res = main(
         [
             "--corpus",
@@ -583,7 +586,12 @@ def test_measure_scores_held_out_sentences_and_the_vocoders_ceiling(tmp_path, ca
         assert 1.0 <= res[key][0] <= 5.0, (key, res[key])  # (mean, lo, hi)
     assert res["mcd_db_vocoded_reference"][0] < res["mcd_db"][0], res
     rows = res["per_sentence"]  # what a paired comparison of two models reads
-    assert [r["id"] for r in rows] == [f"he{i:05d}" for i in range(2)]
+    meta = [json.loads(line) for line in (tmp_path / "corpus" / "meta.jsonl").read_text().splitlines()]
+    offered = set(load_model(SHIPPED).voices)  # the first two held-out sentences in voices the model offers
+    assert [r["id"] for r in rows] == [
+        it["id"] for it in meta if it["split"] == "heldout" and it["speaker"] in offered
+    ][:2]
+    assert "not the model's (withdrawn)" in capsys.readouterr().err  # and it said it left others out
     assert np.mean([r["mcd_db"] for r in rows]) == pytest.approx(res["mcd_db"][0])
     voices = res["dnsmos_ovrl_by_voice"]  # where DNSMOS is lost, voice by voice: its rows average to the totals
     assert sum(v["n"] for v in voices.values()) == 2 and all(" " in name for name in voices)

@@ -59,9 +59,12 @@ def main(argv=None) -> int:
 
     from toolkit.synthesizer import Synthesizer
 
+    from .withdraw import in_offered_voices
+
     items = [json.loads(line) for line in open(a.corpus / "meta.jsonl", encoding="utf-8")]
-    picked = {split: [it for it in items if it["split"] == split][: a.n] for split in ("train", "heldout")}
     syn = Synthesizer(a.model, device="cpu")
+    (items,) = in_offered_voices(items, syn.model.voices)
+    picked = {split: [it for it in items if it["split"] == split][: a.n] for split in ("train", "heldout")}
     fig, axes = plt.subplots(2, a.n, figsize=(4 * a.n, 7), squeeze=False)
     rows = []
     for r, (split, group) in enumerate(picked.items()):

@@ -200,6 +200,7 @@ def main(argv=None) -> dict:
         transcribe_all,
     )
     from .train import Data, decoder_mels
+    from .withdraw import in_offered_voices
 
     data = Data(load_pack(a.corpus / "pack"), torch.device("cpu"))
     if data.codes is None or len(data.wav_utt) == 0:
@@ -214,8 +215,11 @@ def main(argv=None) -> dict:
     syn = Synthesizer(a.model, device=a.device)
     model = syn.model
     spk_id = model.tokenizer.token_id("[spk_emb]")
-    table = torch.stack([model.voices[name] for name in data.info["speakers"]])
-    pool = [j for j, u in enumerate(data.wav_utt) if a.lang is None or train_items[int(u)]["lang"] == a.lang]
+    some = next(iter(model.voices.values()))
+    # the pack's speaker table; a withdrawn voice's row is never read: its utterances are left out of the pool
+    table = torch.stack([model.voices.get(name, torch.zeros_like(some)) for name in data.info["speakers"]])
+    rows = [j for j, u in enumerate(data.wav_utt) if a.lang is None or train_items[int(u)]["lang"] == a.lang]
+    _, pool = in_offered_voices([train_items[int(data.wav_utt[j])] for j in rows], model.voices, rows)
     if not pool:
         raise SystemExit(f"{a.corpus}/pack has no utterance with PCM in language {a.lang}")
     pick = np.sort(np.random.default_rng(a.seed).choice(pool, min(a.n, len(pool)), replace=False))

@@ -29,12 +29,18 @@ import numpy as np
 MCD_SETTINGS = "ESPnet: pysptk mcep order 34, alpha 0.46, 24 kHz, 1024 fft, 5 ms hop, DTW, c0 excluded"
 
 
-def heldout(corpus: Path, n: int) -> tuple[list[dict], list[np.ndarray]]:
-    """A corpus's first n held-out sentences (its meta.jsonl rows) and their espeak references (24 kHz float32)."""
+def heldout(corpus: Path, n: int, voices=None) -> tuple[list[dict], list[np.ndarray]]:
+    """A corpus's first n held-out sentences (its meta.jsonl rows) and their espeak references (24 kHz float32);
+    with `voices`, the first n of those whose speaker is one of them (withdraw.in_offered_voices)."""
     import soundfile as sf
 
+    from .withdraw import in_offered_voices
+
     items = [json.loads(line) for line in open(corpus / "meta.jsonl", encoding="utf-8")]
-    items = [it for it in items if it["split"] == "heldout"][:n]
+    items = [it for it in items if it["split"] == "heldout"]
+    if voices is not None:
+        (items,) = in_offered_voices(items, voices)
+    items = items[:n]
     return items, [sf.read(corpus / "heldout" / f"{it['id']}.wav", dtype="float32")[0] for it in items]
 
 
@@ -306,7 +312,6 @@ def main(argv=None):
     from toolkit.sampling import SamplingParams
     from toolkit.synthesizer import Synthesizer
 
-    items, refs = heldout(a.corpus, a.n)
     transcriber = None if a.no_asr else load_transcriber(a.asr_model)
     syn = Synthesizer(a.model, device=a.device)
     forced = syn.model.default_voice if a.speaker == "default" else a.speaker
@@ -315,6 +320,8 @@ def main(argv=None):
             resolve_speaker(syn.model, forced)
         except ValueError as e:
             ap.error(f"--speaker: {e}")
+    # each sentence in its own voice (no --speaker): only the voices the model still offers
+    items, refs = heldout(a.corpus, a.n, None if forced is not None else syn.model.voices)
     k = min(a.dnsmos, len(items))
     # the vocoder's own ceiling: each reference resynthesised from its log-mel (copy synthesis); its MCD covers the
     # same sentences as mcd_db, its DNSMOS the same as the other DNSMOS figures

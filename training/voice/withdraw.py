@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import shutil
+import sys
 from pathlib import Path
 
 import torch
@@ -29,6 +30,20 @@ def offered_voices(voices: dict[str, Tensor], withdraw: str, flag: str = "--with
     if not kept:
         raise SystemExit(f"{flag}: withdrawing {', '.join(names)} would leave the model no voice")
     return kept
+
+
+def in_offered_voices(items: list[dict], voices, *alongside: list) -> tuple[list, ...]:
+    """The corpus rows (each with a "speaker") that a model's voices can say, and the same entries of each list
+    alongside them: rows of withdrawn voices are left out of an evaluation, and stderr says how many."""
+    keep = [i for i, it in enumerate(items) if it["speaker"] in voices]
+    if len(keep) < len(items):
+        gone = sorted({it["speaker"] for it in items} - set(voices))
+        print(
+            f"left out {len(items) - len(keep)} of {len(items)} sentences: voices {', '.join(gone)} are not the "
+            "model's (withdrawn)",
+            file=sys.stderr,
+        )
+    return tuple([xs[i] for i in keep] for xs in (items, *alongside))
 
 
 def withdraw_voices(model_dir: Path, withdraw: str, out: Path, *, force: bool = False) -> Path:
