@@ -120,6 +120,8 @@ def speaker_distances(items: list[dict], wavs: list[np.ndarray]) -> dict:
             continue
         d = float(np.linalg.norm(emb[i] - emb[j]))
         (within if items[i]["speaker"] == items[j]["speaker"] else between).append(d)
+    if not within or not between:  # too few sentences: no pair of the same voice, or of two voices
+        return {"within": None, "between": None, "ratio": None}
     return {
         "within": float(np.mean(within)),
         "between": float(np.mean(between)),
