@@ -431,8 +431,8 @@ def main(argv=None):
         res["per_language"][lang] = {
             "n": len(sel),
             "mcd_db": float(np.mean(m)) if m else None,
-            "duration_within_25pct": share_within_25pct([ratios[i] for i in sel]),
-            "eos_reached": float(np.mean([eos[i] for i in sel])),
+            "duration_within_25pct": share_within_25pct([ratios[i] for i in sel]) if sel else None,
+            "eos_reached": float(np.mean([eos[i] for i in sel])) if sel else None,
         }
     report(res, a.json)
     if a.pictures:
