@@ -841,8 +841,8 @@ class Scheduler:
                 self.ring,
                 items,
                 side=self._side,
-                pad=self._render_pad if self._renders else None,
-                samples=self._captured_render if self._renders else None,
+                pad=self._render_pad if self._renders else None,  # padding pays only for a captured render
+                samples=self._captured_render,
             )
         except Exception as e:  # noqa: BLE001 - these requests fail, the others go on
             for r in rows:
@@ -892,9 +892,7 @@ class Scheduler:
                 batches = [
                     ([j for idx, _ in p for j in idx], Windows.cat([w for _, w in p])) for p in by_length.values()
                 ]
-                rendered = render_gathered(
-                    self.synth.model, len(jobs), batches, self._side, self._captured_render if self._renders else None
-                )
+                rendered = render_gathered(self.synth.model, len(jobs), batches, self._side, self._captured_render)
         except Exception as e:  # noqa: BLE001 - these requests fail, the others go on
             for job in {job.id: job for job in jobs}.values():
                 self._fail(job, e)

@@ -253,10 +253,9 @@ def render_gathered(
         for idx, w in batches:
             whole = samples(w.states) if samples is not None else None
             if whole is None:
-                out.add(idx, *render_windows(model, w.states, w.rows))
-            else:
-                lo, hi, spans = window_spans(model, w.rows)
-                out.add(idx, whole[: len(w.rows), lo:hi], spans)
+                whole = window_samples(model, w.states)
+            lo, hi, spans = window_spans(model, w.rows)
+            out.add(idx, whole[: len(w.rows), lo:hi], spans)
     return out
 
 

@@ -662,10 +662,13 @@ def build_batch(
     return x, tgt, T.to(device), N.to(device), L
 
 
-def reset_speaker_rows(table: Tensor, speakers: list[str], names: str, g: np.random.Generator) -> None:
-    """Draw the named voices' rows of a resumed speaker table afresh, at the table's mean row norm, for voices whose
-    teacher changed: their old vectors ask the GPT for the old teacher's codes."""
-    norm = table.norm(dim=1).mean()  # the table's as it was: each reset row would move it
+def reset_speaker_rows(
+    table: Tensor, speakers: list[str], names: str, g: np.random.Generator, norm: Tensor | None = None
+) -> None:
+    """Draw the named voices' rows of a resumed speaker table afresh, at `norm` (default the table's mean row norm),
+    for voices whose teacher changed: their old vectors ask the GPT for the old teacher's codes."""
+    if norm is None:
+        norm = table.norm(dim=1).mean()  # the table's as it was: each reset row would move it
     for name in filter(None, (n.strip() for n in names.split(","))):
         if name not in speakers:
             raise SystemExit(f"--reset-speakers: {name!r} is not one of the pack's speakers {speakers}")
@@ -999,16 +1002,11 @@ def checkpoints_from_voice(model_dir: Path, encoder: Path, out: Path, dtype: tor
     voice = json.loads((Path(model_dir) / "manifest.json").read_text()).get("voice", {})
     steps = voice.get("trained_steps", {})
     speakers = voice["speakers"]
-    table = torch.zeros(len(speakers), model.cfg.gpt.hidden)
-    for i, name in enumerate(speakers):
-        if name in model.voices:
-            table[i] = model.voices[name].float()
+    kept = torch.stack([v.float() for v in model.voices.values()])
+    table = torch.stack([model.voices[n].float() if n in model.voices else torch.zeros_like(kept[0]) for n in speakers])
     missing = [n for n in speakers if n not in model.voices]
-    if missing:  # withdrawn voices: their rows drawn afresh, at the kept rows' mean norm (as --reset-speakers)
-        g, norm = np.random.default_rng(0), torch.stack(list(model.voices.values())).float().norm(dim=1).mean()
-        for name in missing:
-            row = torch.from_numpy(g.standard_normal(table.shape[1])).float()
-            table[speakers.index(name)] = row * norm / row.norm()
+    if missing:  # withdrawn voices: their rows drawn afresh, at the kept rows' mean norm
+        reset_speaker_rows(table, speakers, ",".join(missing), np.random.default_rng(0), kept.norm(dim=1).mean())
         print(f"{model_dir} lacks the voices {', '.join(missing)} (withdrawn): their speaker rows are drawn afresh")
     save_state(
         out,
