@@ -7,10 +7,17 @@ Per mode and batch: wall time per step, time to first audio, audio seconds per s
 `profile=True`, which drains the device around each part) the seconds per call of prefill, step, render and the
 sentence-end render. The engine's own decode rate (Engine with CUDA graphs, same batch) is the reference.
 --sentences K --stagger-ms M: requests of K sentences, one submitted every M ms, so that sentence ends and the
-prefills of the sentences after them fall at different steps, as under a load test.
+prefills of the sentences after them fall at different steps, as under a load test; --staggered K:M adds such a
+run of the largest batch to each mode's simultaneous ones.
+
+A mode is a step (eager, graphs, compiled) and Scheduler options after "+": sparse (sparse_attention),
+render-graphs, render-first, bucket<N> (cache_bucket=N); several modes in one process share the compiles they have in
+common (inductor's cache), so an A/B of options costs one cold compile:
 
     python3 benchmarks/serve_profile.py --device cuda --precision bf16 --batches 1,16,64 --modes graphs,compiled \
         [--compile] --out OUT.json
+    python3 benchmarks/serve_profile.py --batches 1,64 --staggered 3:4 \
+        --modes compiled,compiled+render-graphs,compiled+render-graphs+bucket256 --out OUT.json
 """
 
 from __future__ import annotations
@@ -70,6 +77,25 @@ def run_batch(sched: Scheduler, B: int, seed0: int, sentences: int = 1, stagger_
     return out
 
 
+OPTIONS = ("sparse", "render-graphs", "render-first", "bucket")
+
+
+def mode_options(mode: str, cuda: bool) -> dict:
+    """A mode's Scheduler arguments: "compiled+render-graphs+bucket256" -> graphs, compile, render_graphs, ..."""
+    step, *opts = mode.split("+")
+    if step not in ("eager", "graphs", "compiled") or any(not o.startswith(OPTIONS) for o in opts):
+        raise SystemExit(f"--modes: {mode!r} is not a step (eager, graphs, compiled) with options from {OPTIONS}")
+    bucket = [int(o[len("bucket") :]) for o in opts if o.startswith("bucket")]
+    return {
+        "graphs": step != "eager" and cuda,
+        "compile": step == "compiled",
+        "sparse_attention": "sparse" in opts,
+        "render_graphs": "render-graphs" in opts and step != "eager" and cuda,
+        "render_first": "render-first" in opts,
+        "cache_bucket": bucket[-1] if bucket else None,
+    }
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--device", default="cuda")
@@ -79,21 +105,25 @@ def main() -> int:
     p.add_argument(
         "--modes",
         default="eager,graphs,compiled",
-        help="eager, graphs, compiled (the scheduler's whole step), compiled-sparse (its attention block-sparse: "
-        "Scheduler(sparse_attention=True))",
+        help="eager, graphs, compiled (the scheduler's whole step), each with options after +: sparse (block-sparse "
+        "attention), render-graphs, render-first, bucket<N> (e.g. compiled+render-graphs+bucket256)",
     )
     p.add_argument("--warm-up-positions", type=int, default=1024, help="cache lengths warmed up (compiled) before")
     p.add_argument("--steps", type=int, default=235)
     p.add_argument("--compile", action="store_true", help="torch.compile the GPT blocks (ttsq serve --compile)")
     p.add_argument("--render-every", type=int, default=None, help="Scheduler(render_every=): steps between renders")
     p.add_argument("--sentences", type=int, default=1, help="sentences per request")
-    p.add_argument("--render-first", action="store_true", help="Scheduler(render_first=True): renders' stream first")
-    p.add_argument("--render-graphs", action="store_true", help="Scheduler(render_graphs=True): renders as graphs")
     p.add_argument("--stagger-ms", type=float, default=0.0, help="between the submissions of a batch's requests")
+    p.add_argument("--staggered", default=None, help="K:M, a run of the largest batch, K sentences, M ms apart")
     p.add_argument("--out", required=True)
     a = p.parse_args()
     dev = torch.device(a.device)
     batches = [int(b) for b in a.batches.split(",")]
+    modes = {mode: mode_options(mode, dev.type == "cuda") for mode in a.modes.split(",")}
+    runs = [(B, a.sentences, a.stagger_ms) for B in batches]
+    if a.staggered:
+        k, ms = a.staggered.split(":")
+        runs.append((max(batches), int(k), float(ms)))
     model = random_model("chattts", torch.device("cpu"))
     model.tokenizer = load_model().tokenizer
     synth = Synthesizer(model, a.device, a.precision, compile="block" if a.compile else False)
@@ -119,19 +149,8 @@ def main() -> int:
         }
         print(json.dumps(report["engine_steps_per_s"]), flush=True)
     ref = None
-    for mode in a.modes.split(","):
-        sched = Scheduler(
-            synth,
-            slots=a.slots,
-            params=params,
-            max_chars=60,
-            graphs=mode != "eager" and dev.type == "cuda",
-            compile=mode.startswith("compiled"),
-            sparse_attention=mode == "compiled-sparse",
-            render_every=a.render_every,
-            render_first=a.render_first,
-            render_graphs=a.render_graphs and mode != "eager" and dev.type == "cuda",
-        )
+    for mode, options in modes.items():
+        sched = Scheduler(synth, slots=a.slots, params=params, max_chars=60, render_every=a.render_every, **options)
         t0 = time.perf_counter()
         captured = sched.warm_up(lengths=a.warm_up_positions) if a.warm_up_positions else 0
         res: dict = {"warm_up_s": round(time.perf_counter() - t0, 2), "graphs_captured": captured, "runs": []}
@@ -150,8 +169,8 @@ def main() -> int:
         ]
         for profile in (False, True):
             sched.profile = profile
-            for B in batches:
-                row = run_batch(sched, B, 1000 * B, a.sentences, a.stagger_ms / 1000)
+            for B, sentences, stagger_ms in runs:
+                row = run_batch(sched, B, 1000 * B, sentences, stagger_ms / 1000)
                 row["profile"] = profile
                 res["runs"].append(row)
                 print(mode, json.dumps(row), flush=True)

@@ -491,8 +491,8 @@ def test_compiled_step_gives_the_uncompiled_audio_with_dense_and_block_sparse_at
 
     want, steps = serve(compile=False)
     assert steps > KEY_BLOCK + 40  # the second sentence's prompt lies past the first block
-    for options in ({"compile": True}, {"compile": True, "sparse_attention": True}):
-        got, _ = serve(**options)
+    for options in ({"compile": True}, {"compile": True, "sparse_attention": True}, {"cache_bucket": 32}):
+        got, _ = serve(**options)  # a finer bucket reads fewer of the masked positions: the same audio
         for g, w in zip(got, want):
             assert len(g) == len(w) and np.abs(g - w).max() < 1e-3, options
 
@@ -506,3 +506,7 @@ def test_scheduler_options_that_need_graphs_or_compile_say_so_on_the_cpu():
         Scheduler(synth, slots=1, sparse_attention=True)
     with pytest.raises(ValueError, match="graphs=True needs a CUDA device"):
         Scheduler(synth, slots=1, graphs=True)
+    with pytest.raises(ValueError, match="cache_bucket must be positive"):
+        Scheduler(synth, slots=1, cache_bucket=-1)
+    with pytest.raises(ValueError, match="a multiple of 128 with sparse_attention"):
+        Scheduler(synth, slots=1, compile=True, sparse_attention=True, cache_bucket=96)

@@ -46,7 +46,7 @@ import torch
 from torch import Tensor, nn
 
 from .engine import CACHE_BUCKET, PREFILL_BUCKET, CaptureError, NumericalError, sync_device
-from .models.gpt import KVCache, call_block
+from .models.gpt import KEY_BLOCK, KVCache, call_block
 from .plan import Plan
 from .prompt import Voice, encode_prompts, to_device
 from .sampling import SamplingParams, sample_codes
@@ -181,6 +181,7 @@ class Scheduler:
         render_every: int | None = None,
         compile: bool = False,
         sparse_attention: bool = False,
+        cache_bucket: int | None = None,
         render_first: bool = False,
         render_graphs: bool = False,
         profile: bool = False,
@@ -197,7 +198,9 @@ class Scheduler:
         compiled step is captured as the step's graph. warm_up() then compiles for seconds per bucket.
         sparse_attention: the compiled step's attention reads only the blocks of KEY_BLOCK cache positions that hold
         each row's keys (flex attention, GPT.forward key_first) instead of every row's whole cache bucket (needs
-        compile; opt-in: it did not pay at the cache lengths measured, benchmarks/README.md). render_first: the
+        compile; opt-in: it did not pay at the cache lengths measured, benchmarks/README.md). cache_bucket: the cache
+        lengths attention reads are rounded up to (default CACHE_BUCKET, COMPILED_CACHE_BUCKET with compile): a
+        finer bucket reads fewer stale positions, at one graph (and compile) more per bucket. render_first: the
         renders' CUDA stream at the highest priority, so that a render (a first audio) finishes before the steps
         queued beside it rather than sharing the device with them (an experiment, not yet timed). render_graphs:
         warm_up() also captures the push renders (Decoder, Vocos, overlap-add) as CUDA graphs per batch bucket and
@@ -254,7 +257,9 @@ class Scheduler:
         self._render_pool = None  # the render graphs' own: they run beside the steps' graphs, never beside each other
         self.buckets = batch_buckets(slots, compile)  # the step's
         self.prefill_buckets = batch_buckets(slots)
-        self.cache_bucket = COMPILED_CACHE_BUCKET if compile else CACHE_BUCKET
+        self.cache_bucket = cache_bucket or (COMPILED_CACHE_BUCKET if compile else CACHE_BUCKET)
+        if self.cache_bucket < 1 or (sparse_attention and self.cache_bucket % KEY_BLOCK):
+            raise ValueError(f"cache_bucket must be positive (a multiple of {KEY_BLOCK} with sparse_attention)")
         self._views: dict[tuple, tuple] = {}  # (rows, length) -> the cache views attention gets (one per shape)
         self._decode_core: Callable[[int, int], None] = self._decode_rows
         if compile:
