@@ -405,9 +405,10 @@ def test_batched_rendering_from_a_ring_equals_each_renderer_alone(padded):
     """streaming.render_ring (the scheduler's batched render, windows gathered from a ring of states) against
     push() and finish() per renderer, on real GPT states of two sentences pushed in chunks of different sizes (the
     windows in a batch differ in length), through a ring barely larger than a window, so that positions wrap and
-    the finishing windows reach back to the ring's limit. padded: the pushes padded with zero rows and states, to
-    the shapes of captured renders (Scheduler(render_graphs=True)), their samples from a `samples` callable."""
-    from toolkit.streaming import StreamRenderer, render_ring, window_samples
+    the finishing windows reach back to the ring's limit. padded: the pushes padded with zero rows and states, the
+    ends with zero rows, to the shapes of captured renders (Scheduler(render_graphs=True)), their samples from a
+    `samples` callable."""
+    from toolkit.streaming import StreamRenderer, gather_ring, render_gathered, render_ring, window_samples
 
     calls = []
 
@@ -439,8 +440,12 @@ def test_batched_rendering_from_a_ring_equals_each_renderer_alone(padded):
         items = [(i, r, len(part)) for i, (r, part) in enumerate(zip(together, parts))]
         for i, piece in enumerate(render_ring(synth.model, ring, items, **extra).pieces()):
             got[i].append(piece)
-    tails = render_ring(synth.model, ring, [(i, r, 0) for i, r in enumerate(together)], finish=True, **extra).pieces()
+    ends = gather_ring(ring, [(i, r, 0) for i, r in enumerate(together)], finish=True)
+    if padded:  # the ends padded with rows only (Scheduler._end_batch): their windows keep their length
+        ends = [(idx, w.pad_rows(len(w.rows) + 3)) for idx, w in ends]
+    tails = render_gathered(synth.model, 2, ends, samples=extra.get("samples")).pieces()
     assert not padded or sum(B > 2 for B, _ in calls) > 2  # the pushes went through `samples`, padded
+    assert not padded or any(B == len(w.rows) + 3 for B, _ in calls for _, w in ends)  # and the ends
     for i in range(2):
         g = np.concatenate(got[i] + [tails[i]])
         w = np.concatenate(want[i] + [alone[i].finish()])

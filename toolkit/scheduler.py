@@ -895,7 +895,8 @@ class Scheduler:
         try:
             with torch.inference_mode():
                 batches = [
-                    ([j for idx, _ in p for j in idx], Windows.cat([w for _, w in p])) for p in by_length.values()
+                    ([j for idx, _ in p for j in idx], self._end_batch(Windows.cat([w for _, w in p])))
+                    for p in by_length.values()
                 ]
                 rendered = render_gathered(self.synth.model, len(jobs), batches, self._side, self._captured_render)
         except Exception as e:  # noqa: BLE001 - these requests fail, the others go on
@@ -907,6 +908,13 @@ class Scheduler:
             if final:
                 self._end(job, "done")
         return set()
+
+    def _end_batch(self, w: Windows) -> Windows:
+        """Sentence ends' windows padded with rows to a captured render's batch where one has their length (most
+        do: an end's window reaches back the ring's length - 1), so that the render is a replay."""
+        B, S = w.states.shape[:2]
+        padded = next((b for b in self.buckets if b >= B), B)
+        return w.pad_rows(padded) if (padded, S) in self._renders else w
 
     def _emit(self, job: Job, piece: np.ndarray) -> None:
         if piece.size:

@@ -185,6 +185,14 @@ class Windows:
     def cat(parts: "list[Windows]") -> "Windows":
         return Windows(torch.cat([w.states for w in parts]), [row for w in parts for row in w.rows])
 
+    def pad_rows(self, B: int) -> "Windows":
+        """The same windows with zero rows below, B in all (a captured render's batch). Rows only: a window that
+        ends its utterance must keep its length, and padding rows render apart from the others."""
+        extra = B - self.states.shape[0]
+        if extra <= 0:
+            return self
+        return Windows(torch.cat([self.states, self.states.new_zeros(extra, *self.states.shape[1:])]), self.rows)
+
 
 @torch.inference_mode()
 def gather_ring(
