@@ -10,8 +10,8 @@ sentence-end render. The engine's own decode rate (Engine with CUDA graphs, same
 prefills of the sentences after them fall at different steps, as under a load test; --staggered K:M adds such a
 run of the largest batch to each mode's simultaneous ones.
 
-A mode is a step (eager, graphs, compiled) and Scheduler options after "+": sparse (sparse_attention),
-render-graphs, render-first, bucket<N> (cache_bucket=N); several modes in one process share the compiles they have in
+A mode is a step (eager, graphs, compiled) and Scheduler options after "+": sparse (sparse_attention), bounded
+(bounded_attention), render-graphs, render-first, bucket<N> (cache_bucket=N); several modes in one process share the compiles they have in
 common (inductor's cache), so an A/B of options costs one cold compile:
 
     python3 benchmarks/serve_profile.py --device cuda --precision bf16 --batches 1,16,64 --modes graphs,compiled \
@@ -77,7 +77,7 @@ def run_batch(sched: Scheduler, B: int, seed0: int, sentences: int = 1, stagger_
     return out
 
 
-OPTIONS = ("sparse", "render-graphs", "render-first", "bucket")
+OPTIONS = ("sparse", "bounded", "render-graphs", "render-first", "bucket")
 
 
 def mode_options(mode: str, cuda: bool) -> dict:
@@ -90,6 +90,7 @@ def mode_options(mode: str, cuda: bool) -> dict:
         "graphs": step != "eager" and cuda,
         "compile": step == "compiled",
         "sparse_attention": "sparse" in opts,
+        "bounded_attention": "bounded" in opts,
         "render_graphs": "render-graphs" in opts and step != "eager" and cuda,
         "render_first": "render-first" in opts,
         "cache_bucket": bucket[-1] if bucket else None,
@@ -106,7 +107,7 @@ def main() -> int:
         "--modes",
         default="eager,graphs,compiled",
         help="eager, graphs, compiled (the scheduler's whole step), each with options after +: sparse (block-sparse "
-        "attention), render-graphs, render-first, bucket<N> (e.g. compiled+render-graphs+bucket256)",
+        "attention), bounded, render-graphs, render-first, bucket<N> (e.g. compiled+render-graphs+bucket256)",
     )
     p.add_argument("--warm-up-positions", type=int, default=1024, help="cache lengths warmed up (compiled) before")
     p.add_argument("--steps", type=int, default=235)

@@ -496,10 +496,14 @@ def test_compiled_step_gives_the_uncompiled_audio_with_dense_and_block_sparse_at
 
     want, steps = serve(compile=False)
     assert steps > KEY_BLOCK + 40  # the second sentence's prompt lies past the first block
-    for options in ({"compile": True}, {"compile": True, "sparse_attention": True}, {"cache_bucket": 32}):
+    bounded = {"compile": True, "bounded_attention": True}  # cache buckets of 64 positions: several per sentence
+    for options in ({"compile": True}, {"compile": True, "sparse_attention": True}, {"cache_bucket": 32}, bounded):
+        compiles = torch._dynamo.utils.counters["stats"]["unique_graphs"]
         got, _ = serve(**options)  # a finer bucket reads fewer of the masked positions: the same audio
         for g, w in zip(got, want):
             assert len(g) == len(w) and np.abs(g - w).max() < 1e-3, options
+        if options is bounded:  # one compile per batch bucket (1 and 2 rows), whatever the cache length
+            assert torch._dynamo.utils.counters["stats"]["unique_graphs"] - compiles <= 2
 
 
 def test_scheduler_options_that_need_graphs_or_compile_say_so_on_the_cpu():
@@ -511,6 +515,8 @@ def test_scheduler_options_that_need_graphs_or_compile_say_so_on_the_cpu():
         Scheduler(synth, slots=1, sparse_attention=True)
     with pytest.raises(ValueError, match="graphs=True needs a CUDA device"):
         Scheduler(synth, slots=1, graphs=True)
+    with pytest.raises(ValueError, match="bounded_attention needs compile=True"):
+        Scheduler(synth, slots=1, bounded_attention=True)
     with pytest.raises(ValueError, match="cache_bucket must be positive"):
         Scheduler(synth, slots=1, cache_bucket=-1)
     with pytest.raises(ValueError, match="a multiple of 128 with sparse_attention"):

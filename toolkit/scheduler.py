@@ -46,7 +46,7 @@ import torch
 from torch import Tensor, nn
 
 from .engine import CACHE_BUCKET, PREFILL_BUCKET, CaptureError, NumericalError, sync_device
-from .models.gpt import KEY_BLOCK, KVCache, call_block
+from .models.gpt import KEY_BLOCK, KVCache, attention_bound, bounded_attention, call_block
 from .plan import Plan
 from .prompt import Voice, encode_prompts, to_device
 from .sampling import SamplingParams, sample_codes
@@ -58,6 +58,7 @@ PREFILL_GRAPH_MAX = 256  # prompts up to this many tokens prefill through graphs
 # with compile, the step compiles once per (batch bucket, cache bucket): fewer, coarser buckets bound the warm-up
 COMPILED_BATCHES = (16, 32)  # and slots
 COMPILED_CACHE_BUCKET = 2 * CACHE_BUCKET
+BOUNDED_CACHE_BUCKET = CACHE_BUCKET // 4  # with bounded_attention a bucket costs a graph capture, not a compile
 
 
 class QueueFull(RuntimeError):
@@ -141,7 +142,7 @@ class _RowsCache(KVCache):
     """Whole cache buffers that the model writes at its batch's rows and reads up to `length` positions: in a compiled
     step the buffers stay whole graph inputs (views sliced outside made inductor copy them: benchmarks/README.md)."""
 
-    def __init__(self, k: Tensor, v: Tensor, length: int):
+    def __init__(self, k: Tensor, v: Tensor, length: int | None):
         nn.Module.__init__(self)
         self.k, self.v, self.length = k, v, length
 
@@ -152,7 +153,20 @@ class _RowsCache(KVCache):
         rows = torch.arange(B, device=k.device)[:, None]
         self.k[rows, :, pos[None]] = k.transpose(1, 2).to(self.k.dtype)  # (B, T, H, K) at [rows, :, pos]
         self.v[rows, :, pos[None]] = v.transpose(1, 2).to(self.v.dtype)
+        if self.length is None:
+            return self.k, self.v
         return self.k[:B, :, : self.length], self.v[:B, :, : self.length]
+
+
+class _BoundedRowsCache(_RowsCache):
+    """_RowsCache whose attention is gpt.bounded_attention over the whole buffers: the length it reads is set around
+    each captured step (attention_bound), so that one compiled step serves every cache bucket."""
+
+    def __init__(self, k: Tensor, v: Tensor):
+        super().__init__(k, v, None)
+
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor) -> Tensor:
+        return bounded_attention(q, k, v, mask)
 
 
 def batch_buckets(slots: int, compiled: bool = False) -> list[int]:
@@ -181,6 +195,7 @@ class Scheduler:
         render_every: int | None = None,
         compile: bool = False,
         sparse_attention: bool = False,
+        bounded_attention: bool = False,
         cache_bucket: int | None = None,
         render_first: bool = False,
         render_graphs: bool = False,
@@ -198,9 +213,13 @@ class Scheduler:
         compiled step is captured as the step's graph. warm_up() then compiles for seconds per bucket.
         sparse_attention: the compiled step's attention reads only the blocks of KEY_BLOCK cache positions that hold
         each row's keys (flex attention, GPT.forward key_first) instead of every row's whole cache bucket (needs
-        compile; opt-in: it did not pay at the cache lengths measured, benchmarks/README.md). cache_bucket: the cache
-        lengths attention reads are rounded up to (default CACHE_BUCKET, COMPILED_CACHE_BUCKET with compile): a
-        finer bucket reads fewer stale positions, at one graph (and compile) more per bucket. render_first: the
+        compile; opt-in: it did not pay at the cache lengths measured, benchmarks/README.md). bounded_attention: the
+        compiled step's attention is an op compile does not trace (gpt.bounded_attention), its cache length set per
+        captured graph: one compile per batch bucket serves every cache bucket, so the buckets can be fine
+        (BOUNDED_CACHE_BUCKET; needs compile). cache_bucket: the cache lengths attention reads are rounded up to
+        (default CACHE_BUCKET, COMPILED_CACHE_BUCKET with compile, BOUNDED_CACHE_BUCKET with bounded_attention): a
+        finer bucket reads fewer masked positions, at one graph (and without bounded_attention a compile) more per
+        bucket. render_first: the
         renders' CUDA stream at the highest priority, so that a render (a first audio) finishes before the steps
         queued beside it rather than sharing the device with them (an experiment, not yet timed). render_graphs:
         warm_up() also captures the push renders (Decoder, Vocos, overlap-add) as CUDA graphs per batch bucket and
@@ -257,11 +276,15 @@ class Scheduler:
         self._render_pool = None  # the render graphs' own: they run beside the steps' graphs, never beside each other
         self.buckets = batch_buckets(slots, compile)  # the step's
         self.prefill_buckets = batch_buckets(slots)
-        self.cache_bucket = cache_bucket or (COMPILED_CACHE_BUCKET if compile else CACHE_BUCKET)
+        if bounded_attention and (not compile or sparse_attention):
+            raise ValueError("bounded_attention needs compile=True and sparse_attention=False")
+        self.bounded_attention = bounded_attention
+        default_bucket = COMPILED_CACHE_BUCKET if compile else CACHE_BUCKET
+        self.cache_bucket = cache_bucket or (BOUNDED_CACHE_BUCKET if bounded_attention else default_bucket)
         if self.cache_bucket < 1 or (sparse_attention and self.cache_bucket % KEY_BLOCK):
             raise ValueError(f"cache_bucket must be positive (a multiple of {KEY_BLOCK} with sparse_attention)")
         self._views: dict[tuple, tuple] = {}  # (rows, length) -> the cache views attention gets (one per shape)
-        self._decode_core: Callable[[int, int], None] = self._decode_rows
+        self._decode_core: Callable[[int], None] = self._decode_rows
         if compile:
             import torch._dynamo as dynamo
 
@@ -612,10 +635,11 @@ class Scheduler:
     def _decode(self, nb: int, S: int) -> None:
         """One decode step of rows [0, nb) over cache positions [0, S), on the static buffers alone (no host reads,
         so that it can be captured): sample from h, record, feed the codes back, advance each row and `pos_d`."""
-        with self._cache_view(slice(0, nb), S, whole=self.compiled):
-            self._decode_core(nb, S)
+        bound = attention_bound(S) if self.bounded_attention else contextlib.nullcontext()
+        with self._cache_view(slice(0, nb), S, whole=self.compiled), bound:
+            self._decode_core(nb)
 
-    def _decode_rows(self, nb: int, S: int) -> None:
+    def _decode_rows(self, nb: int) -> None:
         """_decode's body, attention's cache views already in place (what compile traces)."""
         gpt, Q, V, p = self.gpt, self.Q, self.V, self.params
         steps = self.row_steps[:nb]
@@ -961,9 +985,12 @@ class Scheduler:
         (whole: rows from 0, as _RowsCache, which the model slices itself)."""
         gpt = self.gpt
         saved = [layer.attention.kv_cache for layer in gpt.layers], gpt.key_valid
-        key = (rows.start, rows.stop, length, whole)
+        bounded = whole and self.bounded_attention  # the length is attention_bound's, set outside the compiled step
+        key = (rows.start, rows.stop, None if bounded else length, whole)
         if key not in self._views:  # the same objects each time: a compiled step guards on what it was traced with
-            if whole:
+            if bounded:
+                self._views[key] = [_BoundedRowsCache(k, v) for k, v in zip(self.k, self.v)], self.key_valid
+            elif whole:
                 caches = [_RowsCache(k, v, length) for k, v in zip(self.k, self.v)]
                 self._views[key] = caches, self.key_valid[:, :length]
             else:

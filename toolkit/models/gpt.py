@@ -5,6 +5,8 @@ Shapes: B batch, T new positions, S cache length, D hidden, H heads, K head dim,
 
 from __future__ import annotations
 
+import contextlib
+import threading
 from typing import Callable
 
 import torch
@@ -31,6 +33,44 @@ class KVCache(nn.Module):
         self.v[:B].index_copy_(2, pos, v.to(self.v.dtype))
         return self.k, self.v
 
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor) -> Tensor:
+        """q (B, H, T, K) over the rows [0, B) of what update() returned, mask (B, 1, T, S) -> (B, H, T, K)."""
+        B = q.shape[0]
+        return F.scaled_dot_product_attention(q, k[:B].to(q.dtype), v[:B].to(q.dtype), attn_mask=mask)
+
+
+class _Bound(threading.local):
+    length: int | None = None
+
+
+_BOUND = _Bound()
+
+
+@contextlib.contextmanager
+def attention_bound(length: int):
+    """Within it, bounded_attention reads only the first `length` cache positions (this thread's calls)."""
+    saved, _BOUND.length = _BOUND.length, length
+    try:
+        yield
+    finally:
+        _BOUND.length = saved
+
+
+@torch.library.custom_op("ttsq::bounded_attention", mutates_args=())
+def bounded_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor) -> Tensor:
+    """Masked attention of q (B, H, T, K) over the rows [0, B) of a whole cache k, v (N, H, L, K), mask (B, 1, T, L),
+    reading only the positions below attention_bound's length (all where none is set). The caller vouches that the
+    mask hides every key at or past that bound, so the result is the whole cache's. An op that torch.compile does not
+    trace: a compiled step serves every bound, and the bound is chosen per CUDA graph captured around it."""
+    B, S = q.shape[0], _BOUND.length or k.shape[2]
+    k, v = k[:B, :, :S].to(q.dtype), v[:B, :, :S].to(q.dtype)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask[..., :S])
+
+
+@bounded_attention.register_fake
+def _(q: Tensor, k: Tensor, v: Tensor, mask: Tensor) -> Tensor:
+    return torch.empty_like(q)
+
 
 def rotate_half(x: Tensor) -> Tensor:
     a, b = x.chunk(2, dim=-1)
@@ -55,11 +95,12 @@ class Attention(nn.Module):
         k = k * cos + rotate_half(k) * sin
         if use_cache:
             k, v = self.kv_cache.update(input_pos, k, v)
-            k, v = k[:B], v[:B]
         if isinstance(mask, BlockMask):
-            y = flex_attention(q, k.to(q.dtype), v.to(q.dtype), block_mask=mask)
+            y = flex_attention(q, k[:B].to(q.dtype), v[:B].to(q.dtype), block_mask=mask)
+        elif use_cache:
+            y = self.kv_cache.attend(q, k, v, mask)
         else:
-            y = F.scaled_dot_product_attention(q, k.to(q.dtype), v.to(q.dtype), attn_mask=mask)
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
         return self.wo(y.transpose(1, 2).reshape(B, T, D))
 
 
