@@ -11,8 +11,8 @@ prefills of the sentences after them fall at different steps, as under a load te
 run of the largest batch to each mode's simultaneous ones.
 
 A mode is a step (eager, graphs, compiled) and Scheduler options after "+": sparse (sparse_attention), bounded
-(bounded_attention), render-graphs, render-first, bucket<N> (cache_bucket=N); several modes in one process share the compiles they have in
-common (inductor's cache), so an A/B of options costs one cold compile:
+(bounded_attention), render-graphs, render-first, bucket<N> (cache_bucket=N); several modes in one process share
+the compiles they have in common (inductor's cache), so an A/B of options costs one cold compile:
 
     python3 benchmarks/serve_profile.py --device cuda --precision bf16 --batches 1,16,64 --modes graphs,compiled \
         [--compile] --out OUT.json
