@@ -59,6 +59,7 @@ def random_text(rng: random.Random, words: int) -> str:
 def serve(a) -> None:
     import torch
     import uvicorn
+    from serve_profile import mode_options  # benchmarks/, beside this script
 
     from toolkit import SamplingParams, Synthesizer
     from toolkit.scheduler import Scheduler
@@ -74,9 +75,8 @@ def serve(a) -> None:
     else:
         model, params = a.model, SamplingParams()
     synth = Synthesizer(model, a.device, a.precision, compile=False)  # --compile: the scheduler's step
-    scheduler = Scheduler(
-        synth, slots=a.slots, max_queue=a.max_queue, params=params, max_chars=a.max_chars, compile=a.compile
-    )
+    options = mode_options(a.mode or ("compiled" if a.compile else "graphs"), torch.device(a.device).type == "cuda")
+    scheduler = Scheduler(synth, slots=a.slots, max_queue=a.max_queue, params=params, max_chars=a.max_chars, **options)
     t0 = time.perf_counter()
     captured = scheduler.warm_up(a.warm_up_positions)
     print(f"warm-up: {captured} step graphs captured in {time.perf_counter() - t0:.1f} s", file=sys.stderr, flush=True)
@@ -300,6 +300,12 @@ def main() -> int:
         "--compile",
         action="store_true",
         help="torch.compile the scheduler's whole step (ttsq serve --compile)",
+    )
+    p.add_argument(
+        "--mode",
+        default=None,
+        help="the scheduler's step and options as serve_profile.py's modes, e.g. compiled+bounded+render-graphs "
+        "(default: compiled with --compile, else graphs)",
     )
     p.add_argument(
         "--warm-up-positions",

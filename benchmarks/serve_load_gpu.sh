@@ -4,6 +4,7 @@
 # in the same run (the same server, requests one at a time). Results: $OUT/serve_load_gpu.json and .md.
 # SERVE_LOAD_ARGS=--compile serves with the scheduler's whole step compiled, as `ttsq serve --compile` (add
 # --warm-up-positions 1024 to compile only the cache lengths 64 streams of one-sentence prompts reach);
+# SERVE_LOAD_ARGS="--mode compiled+bounded+render-graphs" serves with Scheduler options (serve_profile.py's modes);
 # SERVE_LOAD_NAME names the result files (default serve_load_gpu).
 #   here:        bash benchmarks/serve_wheels.sh          (fills .whl/serve/, about 9 MiB)
 #   the device:  carry .whl/serve, run `TTSQ_COMMIT=<this checkout's commit> bash benchmarks/serve_load_gpu.sh`
