@@ -219,13 +219,13 @@ class Scheduler:
         (BOUNDED_CACHE_BUCKET; needs compile). cache_bucket: the cache lengths attention reads are rounded up to
         (default CACHE_BUCKET, COMPILED_CACHE_BUCKET with compile, BOUNDED_CACHE_BUCKET with bounded_attention): a
         finer bucket reads fewer masked positions, at one graph (and without bounded_attention a compile) more per
-        bucket. render_first: the
-        renders' CUDA stream at the highest priority, so that a render (a first audio) finishes before the steps
-        queued beside it rather than sharing the device with them (an experiment, not yet timed). render_graphs:
-        warm_up() also captures the push renders (Decoder, Vocos, overlap-add) as CUDA graphs per batch bucket and
-        window bucket (RENDER_WINDOW_BUCKET), so that a render costs the host one replay instead of hundreds of
-        launches while the steps wait for it (needs graphs; an experiment, not yet timed). profile: sync
-        the device around prefill, step and render and add their seconds to `timings` (slower; for benchmarks)."""
+        bucket. render_first: the renders' CUDA stream at the highest priority, so that a render (a first audio)
+        finishes before the steps queued beside it rather than sharing the device with them (an experiment, not yet
+        timed). render_graphs: warm_up() also captures the push renders (Decoder, Vocos, overlap-add) as CUDA graphs
+        per batch bucket and window bucket (RENDER_WINDOW_BUCKET), and sentence ends replay them padded with rows,
+        so that a render costs the host one replay instead of hundreds of launches while the steps wait for it
+        (needs graphs; an experiment, not yet timed). profile: sync the device around prefill, step and render and
+        add their seconds to `timings` (slower; for benchmarks)."""
         if slots < 1 or max_queue < 0:
             raise ValueError(f"slots must be >= 1 and max_queue >= 0, got {slots} and {max_queue}")
         self.synth, self.slots, self.max_queue, self.chunk = synth, slots, max_queue, chunk
