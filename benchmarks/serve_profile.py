@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import statistics
 import sys
 import time
@@ -77,13 +78,14 @@ def run_batch(sched: Scheduler, B: int, seed0: int, sentences: int = 1, stagger_
     return out
 
 
-OPTIONS = ("sparse", "bounded", "render-graphs", "render-first", "bucket")
+OPTIONS = ("sparse", "bounded", "render-graphs", "render-first", "bucket<N>")
 
 
 def mode_options(mode: str, cuda: bool) -> dict:
     """A mode's Scheduler arguments: "compiled+render-graphs+bucket256" -> graphs, compile, render_graphs, ..."""
     step, *opts = mode.split("+")
-    if step not in ("eager", "graphs", "compiled") or any(not o.startswith(OPTIONS) for o in opts):
+    known = [o in OPTIONS[:-1] or re.fullmatch(r"bucket\d+", o) for o in opts]
+    if step not in ("eager", "graphs", "compiled") or not all(known):
         raise SystemExit(f"--modes: {mode!r} is not a step (eager, graphs, compiled) with options from {OPTIONS}")
     bucket = [int(o[len("bucket") :]) for o in opts if o.startswith("bucket")]
     return {

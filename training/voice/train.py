@@ -1002,11 +1002,14 @@ def checkpoints_from_voice(model_dir: Path, encoder: Path, out: Path, dtype: tor
     voice = json.loads((Path(model_dir) / "manifest.json").read_text()).get("voice", {})
     steps = voice.get("trained_steps", {})
     speakers = voice["speakers"]
-    kept = torch.stack([v.float() for v in model.voices.values()])
-    table = torch.stack([model.voices[n].float() if n in model.voices else torch.zeros_like(kept[0]) for n in speakers])
+    table = torch.zeros(len(speakers), model.cfg.gpt.hidden)
+    for i, name in enumerate(speakers):
+        if name in model.voices:
+            table[i] = model.voices[name].float()
     missing = [n for n in speakers if n not in model.voices]
     if missing:  # withdrawn voices: their rows drawn afresh, at the kept rows' mean norm
-        reset_speaker_rows(table, speakers, ",".join(missing), np.random.default_rng(0), kept.norm(dim=1).mean())
+        norm = torch.stack(list(model.voices.values())).float().norm(dim=1).mean()
+        reset_speaker_rows(table, speakers, ",".join(missing), np.random.default_rng(0), norm)
         print(f"{model_dir} lacks the voices {', '.join(missing)} (withdrawn): their speaker rows are drawn afresh")
     save_state(
         out,
