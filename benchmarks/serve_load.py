@@ -75,7 +75,8 @@ def serve(a) -> None:
     else:
         model, params = a.model, SamplingParams()
     synth = Synthesizer(model, a.device, a.precision, compile=False)  # --compile: the scheduler's step
-    options = mode_options(a.mode or ("compiled" if a.compile else "graphs"), torch.device(a.device).type == "cuda")
+    cuda = torch.device(a.device).type == "cuda"
+    options = mode_options(a.mode, cuda) if a.mode else {"compile": a.compile}  # no mode: `ttsq serve`'s scheduler
     scheduler = Scheduler(synth, slots=a.slots, max_queue=a.max_queue, params=params, max_chars=a.max_chars, **options)
     t0 = time.perf_counter()
     captured = scheduler.warm_up(a.warm_up_positions)
@@ -305,7 +306,7 @@ def main() -> int:
         "--mode",
         default=None,
         help="the scheduler's step and options as serve_profile.py's modes, e.g. compiled+bounded+render-graphs "
-        "(default: compiled with --compile, else graphs)",
+        "(default: the scheduler `ttsq serve` runs, with --compile as its --compile)",
     )
     p.add_argument(
         "--warm-up-positions",

@@ -1,6 +1,6 @@
 """Where the time of `ttsq serve`'s scheduler goes, without HTTP: B requests of one sentence each submitted at once to
 toolkit.scheduler.Scheduler, with its decode step eager, replayed as CUDA graphs, or compiled whole (static shapes per
-batch and cache bucket) under its graphs, at ChatTTS's dimensions (random weights, EOS barred: every sentence runs
+batch bucket) under its graphs, at ChatTTS's dimensions (random weights, EOS barred: every sentence runs
 --steps steps).
 
 Per mode and batch: wall time per step, time to first audio, audio seconds per second, and (a second pass with
@@ -11,13 +11,15 @@ prefills of the sentences after them fall at different steps, as under a load te
 run of the largest batch to each mode's simultaneous ones.
 
 A mode is a step (eager, graphs, compiled) and Scheduler options after "+": sparse (sparse_attention), bounded
-(bounded_attention), render-graphs, render-first, bucket<N> (cache_bucket=N); several modes in one process share
-the compiles they have in common (inductor's cache), so an A/B of options costs one cold compile:
+(bounded_attention), render-graphs, render-first, bucket<N> (cache_bucket=N). An option not named is off, so
+`ttsq serve --compile` is compiled+bounded+render-graphs and `compiled` alone traces attention per cache bucket.
+Several modes in one process share the compiles they have in common (inductor's cache), so an A/B of options costs
+one cold compile:
 
     python3 benchmarks/serve_profile.py --device cuda --precision bf16 --batches 1,16,64 --modes graphs,compiled \
         [--compile] --out OUT.json
     python3 benchmarks/serve_profile.py --batches 1,64 --staggered 3:4 \
-        --modes compiled,compiled+render-graphs,compiled+render-graphs+bucket256 --out OUT.json
+        --modes compiled+bounded+render-graphs,compiled+bounded+render-graphs+render-first --out OUT.json
 """
 
 from __future__ import annotations

@@ -477,8 +477,9 @@ def test_prompts_prefilled_as_one_batch_get_the_audio_each_gets_alone():
 
 def test_compiled_step_gives_the_uncompiled_audio_with_dense_and_block_sparse_attention():
     """Scheduler(compile=True), what `ttsq serve --compile` runs: the whole decode step through torch.compile, its
-    attention given the whole cache buffers, reading every row's whole bucket, or with sparse_attention only the
-    blocks of cache positions that hold each row's keys (flex attention). Two requests decoded together, one of two
+    attention an op of its own reading the cache up to a bound set per step (bounded_attention, the default), or
+    traced by compile, reading every row's whole bucket, or with sparse_attention only the blocks of cache positions
+    that hold each row's keys (flex attention). Two requests decoded together, one of two
     sentences (its second prompt starts past the first block of 128 positions while the other row's started in it),
     must get the audio the uncompiled step gives them (fp32 on the CPU: the fused kernels round differently)."""
     from toolkit.models.gpt import KEY_BLOCK
@@ -496,8 +497,9 @@ def test_compiled_step_gives_the_uncompiled_audio_with_dense_and_block_sparse_at
 
     want, steps = serve(compile=False)
     assert steps > KEY_BLOCK + 40  # the second sentence's prompt lies past the first block
-    bounded = {"compile": True, "bounded_attention": True}  # cache buckets of 64 positions: several per sentence
-    for options in ({"compile": True}, {"compile": True, "sparse_attention": True}, {"cache_bucket": 32}, bounded):
+    bounded = {"compile": True}  # the default: cache buckets of 64 positions, several per sentence
+    traced = {"compile": True, "bounded_attention": False}
+    for options in (traced, {"compile": True, "sparse_attention": True}, {"cache_bucket": 32}, bounded):
         compiles = torch._dynamo.utils.counters["stats"]["unique_graphs"]
         got, _ = serve(**options)  # a finer bucket reads fewer of the masked positions: the same audio
         for g, w in zip(got, want):
@@ -517,6 +519,11 @@ def test_scheduler_options_that_need_graphs_or_compile_say_so_on_the_cpu():
         Scheduler(synth, slots=1, graphs=True)
     with pytest.raises(ValueError, match="bounded_attention needs compile=True"):
         Scheduler(synth, slots=1, bounded_attention=True)
+    # compile's defaults: bounded attention unless sparse; render graphs only where there are graphs (CUDA)
+    for options, bounded in (({}, True), ({"sparse_attention": True}, False)):
+        sched = Scheduler(synth, slots=1, compile=True, **options)
+        sched.close()
+        assert sched.bounded_attention is bounded and not sched.render_graphs
     with pytest.raises(ValueError, match="cache_bucket must be positive"):
         Scheduler(synth, slots=1, cache_bucket=-1)
     with pytest.raises(ValueError, match="a multiple of 128 with sparse_attention"):

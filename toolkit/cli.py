@@ -555,9 +555,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument(
         "--compile",
         action="store_true",
-        help="torch.compile the scheduler's whole decode step, once per batch and cache bucket (a warm-up of a "
-        "minute or more) and replayed as CUDA graphs: a faster step than graphs alone, at 1 and at 64 "
-        "streams as measured (benchmarks/README.md)",
+        help="torch.compile the scheduler's whole decode step, once per batch bucket (a warm-up of a minute or "
+        "more), its attention bounded per cache bucket and renders replayed as CUDA graphs: faster per step and "
+        "to first audio than graphs alone, at 1 and at 64 streams as measured (benchmarks/README.md)",
     )
     s.set_defaults(func=cmd_serve)
 

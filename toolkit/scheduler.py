@@ -195,10 +195,10 @@ class Scheduler:
         render_every: int | None = None,
         compile: bool = False,
         sparse_attention: bool = False,
-        bounded_attention: bool = False,
+        bounded_attention: bool | None = None,
         cache_bucket: int | None = None,
         render_first: bool = False,
-        render_graphs: bool = False,
+        render_graphs: bool | None = None,
         profile: bool = False,
     ):
         """slots: requests decoded together at most; max_queue: requests waiting for a slot at most (submit raises
@@ -208,24 +208,24 @@ class Scheduler:
         synthesizer's engine uses graphs). batch_prefill: prefill the requests admitted together as one batch
         (None: on CUDA; elsewhere each alone, which gives synthesize()'s codes exactly). render_every: steps between
         the renders of every row's new states (default 2 * chunk: fewer, larger batches cost less). compile:
-        torch.compile the whole decode step (sampler, every block, bookkeeping) with static shapes, once per (batch
-        bucket, cache bucket), coarser buckets than without (COMPILED_BATCHES, COMPILED_CACHE_BUCKET); on CUDA the
-        compiled step is captured as the step's graph. warm_up() then compiles for seconds per bucket.
-        sparse_attention: the compiled step's attention reads only the blocks of KEY_BLOCK cache positions that hold
-        each row's keys (flex attention, GPT.forward key_first) instead of every row's whole cache bucket (needs
-        compile; opt-in: it did not pay at the cache lengths measured, benchmarks/README.md). bounded_attention: the
-        compiled step's attention is an op compile does not trace (gpt.bounded_attention), its cache length set per
-        captured graph: one compile per batch bucket serves every cache bucket, so the buckets can be fine
-        (BOUNDED_CACHE_BUCKET; needs compile). cache_bucket: the cache lengths attention reads are rounded up to
-        (default CACHE_BUCKET, COMPILED_CACHE_BUCKET with compile, BOUNDED_CACHE_BUCKET with bounded_attention): a
-        finer bucket reads fewer masked positions, at one graph (and without bounded_attention a compile) more per
-        bucket. render_first: the renders' CUDA stream at the highest priority, so that a render (a first audio)
-        finishes before the steps queued beside it rather than sharing the device with them (an experiment, not yet
-        timed). render_graphs: warm_up() also captures the push renders (Decoder, Vocos, overlap-add) as CUDA graphs
-        per batch bucket and window bucket (RENDER_WINDOW_BUCKET), and sentence ends replay them padded with rows,
-        so that a render costs the host one replay instead of hundreds of launches while the steps wait for it
-        (needs graphs; an experiment, not yet timed). profile: sync the device around prefill, step and render and
-        add their seconds to `timings` (slower; for benchmarks)."""
+        torch.compile the whole decode step (sampler, every block, bookkeeping) with static shapes; on CUDA the
+        compiled step is captured as the step's graph, and warm_up() compiles for seconds per batch bucket
+        (COMPILED_BATCHES). bounded_attention (None: with compile, unless sparse_attention): the compiled step's
+        attention is an op compile does not trace (gpt.bounded_attention), its cache length set per captured graph,
+        so one compile per batch bucket serves every cache bucket and the buckets can be fine (BOUNDED_CACHE_BUCKET);
+        without it, compile traces attention once per (batch bucket, cache bucket) at coarser buckets
+        (COMPILED_CACHE_BUCKET). sparse_attention: the compiled step's attention reads only the blocks of KEY_BLOCK
+        cache positions that hold each row's keys (flex attention, GPT.forward key_first; needs compile; opt-in: it
+        did not pay at the cache lengths measured, benchmarks/README.md). cache_bucket: the cache lengths attention
+        reads are rounded up to (default CACHE_BUCKET, COMPILED_CACHE_BUCKET with compile, BOUNDED_CACHE_BUCKET with
+        bounded_attention): a finer bucket reads fewer masked positions, at one graph (and without
+        bounded_attention a compile) more per bucket. render_first: the renders' CUDA stream at the highest
+        priority, so that a render (a first audio) finishes before the steps queued beside it rather than sharing
+        the device with them (an experiment, not yet timed). render_graphs (None: with compile and graphs):
+        warm_up() also captures the push renders (Decoder, Vocos, overlap-add) as CUDA graphs per batch bucket and
+        window bucket (RENDER_WINDOW_BUCKET), and sentence ends replay them padded with rows, so that a render costs
+        the host one replay instead of hundreds of launches while the steps wait for it (needs graphs). profile:
+        sync the device around prefill, step and render and add their seconds to `timings` (slower; benchmarks)."""
         if slots < 1 or max_queue < 0:
             raise ValueError(f"slots must be >= 1 and max_queue >= 0, got {slots} and {max_queue}")
         self.synth, self.slots, self.max_queue, self.chunk = synth, slots, max_queue, chunk
@@ -268,6 +268,8 @@ class Scheduler:
         self.sparse_attention = sparse_attention
         if sparse_attention and not compile:
             raise ValueError("sparse_attention needs compile=True: flex attention is slow unless compiled")
+        if render_graphs is None:
+            render_graphs = compile and self.graphs
         if render_graphs and not self.graphs:
             raise ValueError("render_graphs needs graphs (a CUDA device with CUDA graphs on)")
         self.render_graphs = render_graphs
@@ -276,6 +278,8 @@ class Scheduler:
         self._render_pool = None  # the render graphs' own: they run beside the steps' graphs, never beside each other
         self.buckets = batch_buckets(slots, compile)  # the step's
         self.prefill_buckets = batch_buckets(slots)
+        if bounded_attention is None:
+            bounded_attention = compile and not sparse_attention
         if bounded_attention and (not compile or sparse_attention):
             raise ValueError("bounded_attention needs compile=True and sparse_attention=False")
         self.bounded_attention = bounded_attention
