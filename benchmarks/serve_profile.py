@@ -11,7 +11,7 @@ prefills of the sentences after them fall at different steps, as under a load te
 run of the largest batch to each mode's simultaneous ones.
 
 A mode is a step (eager, graphs, compiled) and Scheduler options after "+": sparse (sparse_attention), bounded
-(bounded_attention), render-graphs, render-first, bucket<N> (cache_bucket=N). An option not named is off, so
+(bounded_attention), render-graphs, render-first, bucket<N> (cache_bucket=N), wait<N> (prefill_wait=N). An option not named is off, so
 `ttsq serve --compile` is compiled+bounded+render-graphs and `compiled` alone traces attention per cache bucket.
 Several modes in one process share the compiles they have in common (inductor's cache), so an A/B of options costs
 one cold compile:
@@ -80,16 +80,16 @@ def run_batch(sched: Scheduler, B: int, seed0: int, sentences: int = 1, stagger_
     return out
 
 
-OPTIONS = ("sparse", "bounded", "render-graphs", "render-first", "bucket<N>")
+OPTIONS = ("sparse", "bounded", "render-graphs", "render-first", "bucket<N>", "wait<N>")
 
 
 def mode_options(mode: str, cuda: bool) -> dict:
     """A mode's Scheduler arguments: "compiled+render-graphs+bucket256" -> graphs, compile, render_graphs, ..."""
     step, *opts = mode.split("+")
-    known = [o in OPTIONS[:-1] or re.fullmatch(r"bucket\d+", o) for o in opts]
+    number = {m[1]: int(m[2]) for o in opts if (m := re.fullmatch(r"(bucket|wait)(\d+)", o))}
+    known = [o in OPTIONS[:-2] or re.fullmatch(r"(bucket|wait)\d+", o) for o in opts]
     if step not in ("eager", "graphs", "compiled") or not all(known):
         raise SystemExit(f"--modes: {mode!r} is not a step (eager, graphs, compiled) with options from {OPTIONS}")
-    bucket = [int(o[len("bucket") :]) for o in opts if o.startswith("bucket")]
     return {
         "graphs": step != "eager" and cuda,
         "compile": step == "compiled",
@@ -97,7 +97,8 @@ def mode_options(mode: str, cuda: bool) -> dict:
         "bounded_attention": "bounded" in opts,
         "render_graphs": "render-graphs" in opts and step != "eager" and cuda,
         "render_first": "render-first" in opts,
-        "cache_bucket": bucket[-1] if bucket else None,
+        "cache_bucket": number.get("bucket"),
+        "prefill_wait": number.get("wait", 0),
     }
 
 

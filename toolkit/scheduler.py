@@ -128,6 +128,7 @@ class _Row:
     steps: int = 0  # steps queued
     taken: int = 0  # steps whose outcome the host has taken in (one fewer while a step is in flight)
     pending: int = 0  # states in the ring not yet rendered (they follow the renderer's own `steps`)
+    ended_at: int | None = None  # parked: its sentence ended at this step; the next one waits for its prefill
 
 
 class _CacheView(KVCache):
@@ -199,6 +200,7 @@ class Scheduler:
         cache_bucket: int | None = None,
         render_first: bool = False,
         render_graphs: bool | None = None,
+        prefill_wait: int = 0,
         profile: bool = False,
     ):
         """slots: requests decoded together at most; max_queue: requests waiting for a slot at most (submit raises
@@ -224,7 +226,9 @@ class Scheduler:
         the device with them (an experiment, not yet timed). render_graphs (None: with compile and graphs):
         warm_up() also captures the push renders (Decoder, Vocos, overlap-add) as CUDA graphs per batch bucket and
         window bucket (RENDER_WINDOW_BUCKET), and sentence ends replay them padded with rows, so that a render costs
-        the host one replay instead of hundreds of launches while the steps wait for it (needs graphs). profile:
+        the host one replay instead of hundreds of launches while the steps wait for it (needs graphs). prefill_wait:
+        steps a request's next sentence may wait for its prefill, its row parked, so that it shares one prefill
+        with others' (those waiting, and new requests: they never wait); 0 prefills it at once. profile:
         sync the device around prefill, step and render and add their seconds to `timings` (slower; benchmarks)."""
         if slots < 1 or max_queue < 0:
             raise ValueError(f"slots must be >= 1 and max_queue >= 0, got {slots} and {max_queue}")
@@ -273,6 +277,9 @@ class Scheduler:
         if render_graphs and not self.graphs:
             raise ValueError("render_graphs needs graphs (a CUDA device with CUDA graphs on)")
         self.render_graphs = render_graphs
+        if prefill_wait < 0:
+            raise ValueError(f"prefill_wait must be >= 0 steps, got {prefill_wait}")
+        self.prefill_wait = prefill_wait
         self._renders: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, Tensor, Tensor]] = {}  # (B, S) -> graph,
         # its input windows and its samples
         self._render_pool = None  # the render graphs' own: they run beside the steps' graphs, never beside each other
@@ -423,7 +430,7 @@ class Scheduler:
                     self._end(job, "cancelled")
                 else:
                     live.append(job)
-            self._start_many([(job, 0, None) for job in live])
+            self._start_rows(live)
             for i in reversed(range(len(self.rows))):  # leave at the step boundary
                 if self.rows[i].job.cancelled:
                     self._end(self.rows[i].job, "cancelled")
@@ -618,6 +625,21 @@ class Scheduler:
             self._graphs[key] = self._capture(lambda: self._prefill_core(buf, mb, Tb))
         return self._graphs[key]
 
+    def _start_rows(self, new: list[Job]) -> None:
+        """Prefill the new requests' first sentences, and the parked rows' next ones where due: with new requests,
+        once every row is parked, or once one has waited prefill_wait steps; all as one batch."""
+        parked = [
+            (r.job, r.sentence + 1, i)
+            for i, r in enumerate(self.rows)
+            if r.ended_at is not None and not r.job.cancelled
+        ]
+        if parked and not new and len(parked) < len(self.rows):
+            if self.steps_run - min(self.rows[i].ended_at for *_, i in parked) < self.prefill_wait:
+                parked = []
+        started = self._start_many([(job, 0, None) for job in new] + parked)
+        for i in sorted((i for (*_, i), ok in zip(parked, started[len(new) :]) if not ok), reverse=True):
+            self._remove(i)  # its request failed
+
     def _step_or_shed(self) -> None:
         """One decode step; an out-of-memory error sheds the newest request (the rest retry the step)."""
         try:
@@ -780,7 +802,7 @@ class Scheduler:
         done, ended, first = set(), [], set()
         for j, r in enumerate(launched):
             i = where.get(id(r))
-            if i is None:  # it left meanwhile (ended, cancelled, failed)
+            if i is None or r.ended_at is not None:  # it left meanwhile (ended, cancelled, failed), or is parked
                 continue
             r.taken += 1
             if bad[j]:  # NaN logits never sample EOS: the request would be noise to its step limit
@@ -824,8 +846,12 @@ class Scheduler:
                 going_on.append(i)
             else:  # its end goes out after its last audio (_flush_ends)
                 done.add(i)
-        started = self._start_many([(rows[i].job, rows[i].sentence + 1, i) for i in going_on])
-        done.update(i for i, ok in zip(going_on, started) if not ok)
+        if self.prefill_wait:  # parked: _run prefills their next sentences, with others'
+            for i in going_on:
+                rows[i].ended_at = self.steps_run
+        else:
+            started = self._start_many([(rows[i].job, rows[i].sentence + 1, i) for i in going_on])
+            done.update(i for i, ok in zip(going_on, started) if not ok)
         for i in sorted(done, reverse=True):
             self._remove(i)
 
