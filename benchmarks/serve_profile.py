@@ -11,10 +11,10 @@ prefills of the sentences after them fall at different steps, as under a load te
 run of the largest batch to each mode's simultaneous ones.
 
 A mode is a step (eager, graphs, compiled) and Scheduler options after "+": sparse (sparse_attention), bounded
-(bounded_attention), render-graphs, render-first, bucket<N> (cache_bucket=N), wait<N> (prefill_wait=N). An option not named is off, so
-`ttsq serve --compile` is compiled+bounded+render-graphs and `compiled` alone traces attention per cache bucket.
-Several modes in one process share the compiles they have in common (inductor's cache), so an A/B of options costs
-one cold compile:
+(bounded_attention), render-graphs, render-first, bucket<N> (cache_bucket=N), wait<N> (prefill_wait=N), every<N>
+(render_every=N). An option not named is off (or at the Scheduler's default), so `ttsq serve --compile` is
+compiled+bounded+render-graphs and `compiled` alone traces attention per cache bucket. Several modes in one process
+share the compiles they have in common (inductor's cache), so an A/B of options costs one cold compile:
 
     python3 benchmarks/serve_profile.py --device cuda --precision bf16 --batches 1,16,64 --modes graphs,compiled \
         [--compile] --out OUT.json
@@ -80,14 +80,14 @@ def run_batch(sched: Scheduler, B: int, seed0: int, sentences: int = 1, stagger_
     return out
 
 
-OPTIONS = ("sparse", "bounded", "render-graphs", "render-first", "bucket<N>", "wait<N>")
+OPTIONS = ("sparse", "bounded", "render-graphs", "render-first", "bucket<N>", "wait<N>", "every<N>")
 
 
 def mode_options(mode: str, cuda: bool) -> dict:
     """A mode's Scheduler arguments: "compiled+render-graphs+bucket256" -> graphs, compile, render_graphs, ..."""
     step, *opts = mode.split("+")
-    number = {m[1]: int(m[2]) for o in opts if (m := re.fullmatch(r"(bucket|wait)(\d+)", o))}
-    known = [o in OPTIONS[:-2] or re.fullmatch(r"(bucket|wait)\d+", o) for o in opts]
+    number = {m[1]: int(m[2]) for o in opts if (m := re.fullmatch(r"(bucket|wait|every)(\d+)", o))}
+    known = [o in OPTIONS[:-3] or re.fullmatch(r"(bucket|wait|every)\d+", o) for o in opts]
     if step not in ("eager", "graphs", "compiled") or not all(known):
         raise SystemExit(f"--modes: {mode!r} is not a step (eager, graphs, compiled) with options from {OPTIONS}")
     return {
@@ -99,6 +99,7 @@ def mode_options(mode: str, cuda: bool) -> dict:
         "render_first": "render-first" in opts,
         "cache_bucket": number.get("bucket"),
         "prefill_wait": number.get("wait", 0),
+        "render_every": number.get("every"),
     }
 
 
@@ -117,7 +118,6 @@ def main() -> int:
     p.add_argument("--warm-up-positions", type=int, default=1024, help="cache lengths warmed up (compiled) before")
     p.add_argument("--steps", type=int, default=235)
     p.add_argument("--compile", action="store_true", help="torch.compile the GPT blocks (ttsq serve --compile)")
-    p.add_argument("--render-every", type=int, default=None, help="Scheduler(render_every=): steps between renders")
     p.add_argument("--sentences", type=int, default=1, help="sentences per request")
     p.add_argument("--stagger-ms", type=float, default=0.0, help="between the submissions of a batch's requests")
     p.add_argument("--staggered", default=None, help="K:M, a run of the largest batch, K sentences, M ms apart")
@@ -156,7 +156,7 @@ def main() -> int:
         print(json.dumps(report["engine_steps_per_s"]), flush=True)
     ref = None
     for mode, options in modes.items():
-        sched = Scheduler(synth, slots=a.slots, params=params, max_chars=60, render_every=a.render_every, **options)
+        sched = Scheduler(synth, slots=a.slots, params=params, max_chars=60, **options)
         t0 = time.perf_counter()
         captured = sched.warm_up(lengths=a.warm_up_positions) if a.warm_up_positions else 0
         res: dict = {"warm_up_s": round(time.perf_counter() - t0, 2), "graphs_captured": captured, "runs": []}
