@@ -478,14 +478,16 @@ def test_prompts_prefilled_as_one_batch_get_the_audio_each_gets_alone():
 def test_next_sentences_parked_for_a_shared_prefill_keep_each_requests_audio():
     """prefill_wait: a request's next sentence waits, its row parked (stepping for nothing), to be prefilled in one
     batch with others'. Here it waits until every row is parked, so several rows' next sentences share prefills that
-    prefill_wait=0 runs one by one; each request's audio must still equal its audio served alone."""
+    prefill_wait=0 runs one by one; each request's audio must still equal its audio served alone, across shifts of
+    the cache (which leave parked rows' stale keys behind)."""
     synth = Synthesizer(device="cpu")
     texts = [
         "Hello there, how are you today? The river runs past the old mill. It was sunny.",
         "Hi. We walked home slowly, talking about the long winter.",
         "Tea or coffee? Dark clouds rolled in over the hills. Come and play.",
     ]  # three sentences each at max_chars=40
-    alone = Scheduler(synth, slots=1, batch_prefill=False, max_chars=40)
+    cache_len = 128  # short: the rows shift left (compact) while some are parked
+    alone = Scheduler(synth, slots=1, batch_prefill=False, max_chars=40, cache_len=cache_len)
     want = [
         np.concatenate([d for k, d in alone.submit(t, seed=i).events() if k == "audio"]) for i, t in enumerate(texts)
     ]
@@ -493,13 +495,21 @@ def test_next_sentences_parked_for_a_shared_prefill_keep_each_requests_audio():
     calls = {}
     for wait in (0, 10_000):
         sched = Scheduler(
-            synth, slots=4, max_queue=8, max_chars=40, batch_prefill=True, prefill_wait=wait, profile=True
+            synth,
+            slots=4,
+            max_queue=8,
+            max_chars=40,
+            cache_len=cache_len,
+            batch_prefill=True,
+            prefill_wait=wait,
+            profile=True,
         )
         with sched._cond:  # all three admitted at one step boundary
             jobs = [sched.submit(t, seed=i) for i, t in enumerate(texts)]
         got = [np.concatenate([d for k, d in j.events() if k == "audio"]) for j in jobs]
         sched.close()
         calls[wait] = sched.timings["prefill_batch"][1]
+        assert sched.compactions >= 1
         for g, w in zip(got, want):
             assert len(g) == len(w) and np.abs(g - w).max() < 1e-3, wait
     # waiting for every row: one prefill per round of sentences, where at once each sentence end had its own

@@ -430,11 +430,11 @@ class Scheduler:
                     self._end(job, "cancelled")
                 else:
                     live.append(job)
-            self._start_rows(live)
             for i in reversed(range(len(self.rows))):  # leave at the step boundary
                 if self.rows[i].job.cancelled:
                     self._end(self.rows[i].job, "cancelled")
                     self._remove(i)
+            self._start_rows(live)
             if self.rows:
                 self._step_or_shed()
 
@@ -628,11 +628,7 @@ class Scheduler:
     def _start_rows(self, new: list[Job]) -> None:
         """Prefill the new requests' first sentences, and the parked rows' next ones where due: with new requests,
         once every row is parked, or once one has waited prefill_wait steps; all as one batch."""
-        parked = [
-            (r.job, r.sentence + 1, i)
-            for i, r in enumerate(self.rows)
-            if r.ended_at is not None and not r.job.cancelled
-        ]
+        parked = [(r.job, r.sentence + 1, i) for i, r in enumerate(self.rows) if r.ended_at is not None]
         if parked and not new and len(parked) < len(self.rows):
             if self.steps_run - min(self.rows[i].ended_at for *_, i in parked) < self.prefill_wait:
                 parked = []
@@ -1005,7 +1001,7 @@ class Scheduler:
     def _worth_compacting(self) -> bool:
         """Whether shifting the rows left now lowers the cache bucket attention reads, with half a bucket of steps
         to spare: every step reads the whole bucket, positions below the oldest row included."""
-        shift = min(r.start for r in self.rows)
+        shift = self._shift()
         need = self._need(self.rows)
         return shift > 0 and need - shift + CACHE_BUCKET // 2 <= self._cache_len(self.rows) - self.cache_bucket
 
@@ -1036,10 +1032,15 @@ class Scheduler:
                 layer.attention.kv_cache = c
             gpt.key_valid = saved[1]
 
+    def _shift(self) -> int:
+        """How far the rows can shift left: the oldest prompt's start, parked rows aside (their next prefill
+        invalidates their keys)."""
+        return min(r.start for r in self.rows if r.ended_at is None)
+
     def _compact(self) -> None:
         """Shift every row left by the oldest row's start, so that `pos` fits in the cache again."""
         n = len(self.rows)
-        shift = min(r.start for r in self.rows)
+        shift = self._shift()
         if shift <= 0:
             raise RuntimeError("the KV cache is full: no row can shift")  # rows never outgrow max_positions
         for k, v in zip(self.k, self.v):
