@@ -80,15 +80,17 @@ def run_batch(sched: Scheduler, B: int, seed0: int, sentences: int = 1, stagger_
     return out
 
 
-OPTIONS = ("sparse", "bounded", "render-graphs", "render-first", "bucket<N>", "wait<N>", "every<N>")
+FLAGS = ("sparse", "bounded", "render-graphs", "render-first")
+NUMBERED = re.compile(r"(bucket|wait|every)(\d+)")
+OPTIONS = (*FLAGS, "bucket<N>", "wait<N>", "every<N>")
 
 
 def mode_options(mode: str, cuda: bool) -> dict:
     """A mode's Scheduler arguments: "compiled+render-graphs+bucket256" -> graphs, compile, render_graphs, ..."""
     step, *opts = mode.split("+")
-    number = {m[1]: int(m[2]) for o in opts if (m := re.fullmatch(r"(bucket|wait|every)(\d+)", o))}
-    known = [o in OPTIONS[:-3] or re.fullmatch(r"(bucket|wait|every)\d+", o) for o in opts]
-    if step not in ("eager", "graphs", "compiled") or not all(known):
+    numbered = [NUMBERED.fullmatch(o) for o in opts]
+    number = {m[1]: int(m[2]) for m in numbered if m}
+    if step not in ("eager", "graphs", "compiled") or any(not m and o not in FLAGS for o, m in zip(opts, numbered)):
         raise SystemExit(f"--modes: {mode!r} is not a step (eager, graphs, compiled) with options from {OPTIONS}")
     return {
         "graphs": step != "eager" and cuda,

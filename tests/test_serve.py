@@ -39,6 +39,19 @@ LONG = (
 TIMEOUT = httpx.Timeout(300.0)
 
 
+def job_audio(job) -> np.ndarray:
+    """A scheduler job's audio, its chunks joined (waits for its end)."""
+    return np.concatenate([d for k, d in job.events() if k == "audio"])
+
+
+def served_alone(synth: Synthesizer, texts: list[str], **options) -> list[np.ndarray]:
+    """Each text's audio through a scheduler of one slot, seeded by its index."""
+    alone = Scheduler(synth, slots=1, **options)
+    audio = [job_audio(alone.submit(t, seed=i)) for i, t in enumerate(texts)]
+    alone.close()
+    return audio
+
+
 class LiveServer:
     """The app on a real uvicorn in a thread, on a free loopback port."""
 
@@ -347,14 +360,12 @@ def test_scheduler_compacts_its_cache_and_keeps_each_requests_audio():
         "We walked home slowly.",
     ] * 2  # the second twelve with other seeds
     alone = Scheduler(synth, slots=1, cache_len=256)
-    want = [
-        np.concatenate([d for k, d in alone.submit(t, seed=i).events() if k == "audio"]) for i, t in enumerate(texts)
-    ]
+    want = [job_audio(alone.submit(t, seed=i)) for i, t in enumerate(texts)]
     alone.close()
     assert alone.compactions == 0
     sched = Scheduler(synth, slots=2, max_queue=len(texts), cache_len=256)
     jobs = [sched.submit(t, seed=i) for i, t in enumerate(texts)]
-    got = [np.concatenate([d for k, d in j.events() if k == "audio"]) for j in jobs]
+    got = [job_audio(j) for j in jobs]
     sched.close()
     assert sched.compactions >= 1
     for g, w in zip(got, want):
@@ -460,15 +471,11 @@ def test_prompts_prefilled_as_one_batch_get_the_audio_each_gets_alone():
     copied into their rows. Each request's audio must still equal its audio served alone."""
     synth = Synthesizer(device="cpu")
     texts = ["Hello there, how are you today?", "The river runs past the old mill. It was sunny.", "Hi."]
-    alone = Scheduler(synth, slots=1, batch_prefill=False)
-    want = [
-        np.concatenate([d for k, d in alone.submit(t, seed=i).events() if k == "audio"]) for i, t in enumerate(texts)
-    ]
-    alone.close()
+    want = served_alone(synth, texts, batch_prefill=False)
     sched = Scheduler(synth, slots=4, max_queue=8, batch_prefill=True, profile=True)
     with sched._cond:  # held (it is reentrant), so that the worker admits all three at one step boundary
         jobs = [sched.submit(t, seed=i) for i, t in enumerate(texts)]
-    got = [np.concatenate([d for k, d in j.events() if k == "audio"]) for j in jobs]
+    got = [job_audio(j) for j in jobs]
     sched.close()
     assert sched.timings["prefill_batch"][1] >= 1 and "prefill" not in sched.timings
     for g, w in zip(got, want):
@@ -487,11 +494,7 @@ def test_next_sentences_parked_for_a_shared_prefill_keep_each_requests_audio():
         "Tea or coffee? Dark clouds rolled in over the hills. Come and play.",
     ]  # three sentences each at max_chars=40
     cache_len = 128  # short: the rows shift left (compact) while some are parked
-    alone = Scheduler(synth, slots=1, batch_prefill=False, max_chars=40, cache_len=cache_len)
-    want = [
-        np.concatenate([d for k, d in alone.submit(t, seed=i).events() if k == "audio"]) for i, t in enumerate(texts)
-    ]
-    alone.close()
+    want = served_alone(synth, texts, batch_prefill=False, max_chars=40, cache_len=cache_len)
     calls = {}
     for wait in (0, 10_000):
         sched = Scheduler(
@@ -506,7 +509,7 @@ def test_next_sentences_parked_for_a_shared_prefill_keep_each_requests_audio():
         )
         with sched._cond:  # all three admitted at one step boundary
             jobs = [sched.submit(t, seed=i) for i, t in enumerate(texts)]
-        got = [np.concatenate([d for k, d in j.events() if k == "audio"]) for j in jobs]
+        got = [job_audio(j) for j in jobs]
         sched.close()
         calls[wait] = sched.timings["prefill_batch"][1]
         assert sched.compactions >= 1
@@ -532,7 +535,7 @@ def test_compiled_step_gives_the_uncompiled_audio_with_dense_and_block_sparse_at
         sched = Scheduler(synth, slots=2, max_queue=4, **options)
         with sched._cond:  # both admitted at one step boundary, so that they decode as one batch
             jobs = [sched.submit(t, seed=i) for i, t in enumerate(texts)]
-        out = [np.concatenate([d for k, d in j.events() if k == "audio"]) for j in jobs]
+        out = [job_audio(j) for j in jobs]
         sched.close()
         return out, sched.steps_run
 
