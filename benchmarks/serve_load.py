@@ -110,6 +110,10 @@ async def one_request(client, text: str, seed: int) -> dict:
                 now = time.perf_counter()
                 if row["ttfa_s"] is None and chunk:
                     row["ttfa_s"] = now - t0
+                if chunk:
+                    # playback started `play_s` after sending plays this chunk's first sample at play_s + n / rate:
+                    # the least play_s at which no chunk arrives late (the player never stalls)
+                    row["play_s"] = max(row.get("play_s", 0.0), now - t0 - n / 2 / SAMPLE_RATE)
                 n += len(chunk)
                 arrivals.append((now, len(chunk)))
         row["total_s"] = time.perf_counter() - t0
@@ -140,14 +144,15 @@ async def phase(
             while next_i < requests and time.perf_counter() < deadline:
                 i = next_i
                 next_i += 1
+                sent = time.perf_counter() - t_start
                 try:
-                    rows.append(
-                        await asyncio.wait_for(
-                            one_request(client, texts[i], seed0 + i), deadline + 30 - time.perf_counter()
-                        )
+                    row = await asyncio.wait_for(
+                        one_request(client, texts[i], seed0 + i), deadline + 30 - time.perf_counter()
                     )
                 except asyncio.TimeoutError:
-                    rows.append({"chars": len(texts[i]), "status": None, "error": "past the time limit"})
+                    row = {"chars": len(texts[i]), "status": None, "error": "past the time limit"}
+                # the opening burst: the first `clients` requests, sent at once; the rest join a running batch
+                rows.append({**row, "i": i, "sent_s": round(sent, 4), "burst": i < clients})
             busy_until = busy_until or time.perf_counter()
 
         await asyncio.gather(*(worker() for _ in range(clients)))
@@ -167,6 +172,9 @@ def summarize(rows: list[dict], wall: float, clients: int, t_start: float, busy_
     busy = busy_until - t_start
     busy_bytes = sum(n for r in ok for t, n in r["arrivals"] if t <= busy_until)
     ttfa = [r["ttfa_s"] for r in ok]
+    burst = [r["ttfa_s"] for r in ok if r["burst"]]
+    joined = [r["ttfa_s"] for r in ok if not r["burst"]]
+    play = [r["play_s"] for r in ok]
     rtf = [r["total_s"] / r["audio_s"] for r in ok]
     audio = sum(r["audio_s"] for r in ok)
     errors: dict[str, int] = {}
@@ -183,6 +191,12 @@ def summarize(rows: list[dict], wall: float, clients: int, t_start: float, busy_
         "ttfa_p50_s": pct(ttfa, 0.5),
         "ttfa_p95_s": pct(ttfa, 0.95),
         "ttfa_max_s": max(ttfa, default=None),
+        "ttfa_burst_p50_s": pct(burst, 0.5),
+        "ttfa_burst_p95_s": pct(burst, 0.95),
+        "ttfa_joining_p50_s": pct(joined, 0.5),
+        "ttfa_joining_p95_s": pct(joined, 0.95),
+        "play_p50_s": pct(play, 0.5),
+        "play_p95_s": pct(play, 0.95),
         "rtf_p50": pct(rtf, 0.5),
         "rtf_p95": pct(rtf, 0.95),
         "rtf_max": max(rtf, default=None),
@@ -192,6 +206,10 @@ def summarize(rows: list[dict], wall: float, clients: int, t_start: float, busy_
         "all_busy_s": round(busy, 2),
         "audio_s_per_s_all_busy": round(busy_bytes / 2 / SAMPLE_RATE / busy, 3) if busy > 0 else None,
         "mean_chars": round(statistics.mean(r["chars"] for r in rows), 1) if rows else None,
+        "per_request": [
+            {k: round(v, 4) if isinstance(v, float) else v for k, v in r.items() if k != "arrivals"}
+            for r in sorted(rows, key=lambda r: r["i"])
+        ],
     }
 
 
@@ -201,19 +219,27 @@ def scrape(url: str) -> tuple[dict, dict[float, float]]:
 
     text = httpx.get(url + "/metrics", timeout=30).text
     keep = ("process_resident_memory_bytes", "ttsq_device_memory_allocated_bytes", "ttsq_device_memory_peak_bytes")
-    out, ttfa = {}, {}
+    out: dict = {}
+    hists: dict[str, dict[float, float]] = {"ttfa": {}, "ttfb": {}}
     for line in text.splitlines():
         name, _, value = line.partition(" ")
         if name in keep:
             out[name.replace("_bytes", "_mib")] = round(float(value) / 2**20, 1)
-        elif name.startswith('ttsq_time_to_first_audio_seconds_bucket{le="'):
-            ttfa[float(name.split('"')[1])] = float(value)
-    return out, ttfa
+        for key, metric in (("ttfa", "ttsq_time_to_first_audio_seconds"), ("ttfb", "ttsq_time_to_first_byte_seconds")):
+            if name.startswith(metric + '_bucket{le="'):
+                hists[key][float(name.split('"')[1])] = float(value)
+    return out, hists
 
 
-def server_ttfa(before: dict[float, float], after: dict[float, float]) -> dict:
-    """The server's own time to first audio (request received to first audio rendered, without HTTP) over a phase,
-    from its histogram: p50/p95 as the bucket bounds they fall under, and the share within 150 ms."""
+def server_times(before: dict[str, dict[float, float]], after: dict[str, dict[float, float]]) -> dict:
+    """The server's own times over a phase, from its histograms: to first audio (request received to first audio
+    rendered) and to first byte (to its bytes handed to the HTTP server), without the client and the network."""
+    return {key: histogram_quantiles(before[key], after[key]) for key in after}
+
+
+def histogram_quantiles(before: dict[float, float], after: dict[float, float]) -> dict:
+    """p50/p95 of a Prometheus histogram's observations between two scrapes, as the bucket bounds they fall under,
+    and the share within 150 ms."""
     counts = sorted((b, after[b] - before.get(b, 0.0)) for b in after)  # cumulative, +inf last
     n = counts[-1][1] if counts else 0
     if not n:
@@ -257,12 +283,12 @@ def markdown(report: dict) -> str:
         "faster than real time | audio s/s | audio s/s, all clients busy |",
         "|---" * 12 + "|",
     ]
+
+    def f(x):
+        return "-" if x is None else f"{x:.3f}"
+
     for name in ("baseline", "load"):
         p = report[name]
-
-        def f(x):
-            return "-" if x is None else f"{x:.3f}"
-
         lines.append(
             f"| {name} | {p['clients']} | {p['ok']}/{p['requests']} | {p['errors'] or 0} | "
             f"{f(p['ttfa_p50_s'])} s | {f(p['ttfa_p95_s'])} s | {f(p['rtf_p50'])} | {f(p['rtf_p95'])} | "
@@ -273,9 +299,22 @@ def markdown(report: dict) -> str:
         "",
         "audio s/s: all the phase's audio over its wall time; all clients busy: the audio that arrived before the "
         "first client found no request left, over that time.  ",
-        "TTFA is the client's (request sent to first audio byte). The server's own (request received to first "
-        f"audio rendered, from its histogram): baseline {report['baseline'].get('server_ttfa')}, "
-        f"load {report['load'].get('server_ttfa')}.",
+        "TTFA is the client's (request sent to first audio byte). The server's own, from its histograms (ttfa: "
+        "request received to first audio rendered; ttfb: to its bytes handed to the HTTP server): "
+        f"baseline {report['baseline'].get('server')}, load {report['load'].get('server')}.",
+        "",
+        "| phase | TTFA p50 / p95, the opening burst (sent at once) | TTFA p50 / p95, joining a running batch | "
+        "playback start p50 / p95 |",
+        "|---|---|---|---|",
+        *(
+            f"| {name} | {f(p['ttfa_burst_p50_s'])} / {f(p['ttfa_burst_p95_s'])} s | "
+            f"{f(p['ttfa_joining_p50_s'])} / {f(p['ttfa_joining_p95_s'])} s | "
+            f"{f(p['play_p50_s'])} / {f(p['play_p95_s'])} s |"
+            for name, p in ((name, report[name]) for name in ("baseline", "load"))
+        ),
+        "",
+        "Playback start: the least delay after sending at which a player could start and never stall on a chunk "
+        "that arrives late (at least the TTFA).",
         "",
         f"server memory before: {report['memory_before']}  ",
         f"after: {report['memory_after']}",
@@ -352,12 +391,12 @@ def main() -> int:
         print("baseline (one at a time)...", file=sys.stderr, flush=True)
         baseline = asyncio.run(phase(url, 1, a.baseline_requests, a.time_limit, rng, tuple(a.words), 10_000))
         _, hist1 = scrape(url)
-        baseline["server_ttfa"] = server_ttfa(hist0, hist1)
+        baseline["server"] = server_times(hist0, hist1)
         print(json.dumps(baseline), file=sys.stderr, flush=True)
         print(f"load ({a.clients} concurrent)...", file=sys.stderr, flush=True)
         load = asyncio.run(phase(url, a.clients, a.requests, a.time_limit, rng, tuple(a.words), 20_000))
         after, hist2 = scrape(url)
-        load["server_ttfa"] = server_ttfa(hist1, hist2)
+        load["server"] = server_times(hist1, hist2)
         print(json.dumps(load), file=sys.stderr, flush=True)
     finally:
         proc.send_signal(signal.SIGTERM)

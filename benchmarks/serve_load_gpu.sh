@@ -18,5 +18,5 @@ out=${OUT:-out/serve_load}
 mkdir -p "$out"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$out/gpu.csv" || true
 python3 benchmarks/serve_load.py --dims chattts --device cuda --precision bf16 --slots 64 --max-queue 256 \
-  --clients 64 --requests 192 --baseline-requests 6 --words 10 40 --max-chars 60 --steps-per-sentence 235 \
+  --clients 64 --requests 384 --baseline-requests 6 --words 10 40 --max-chars 60 --steps-per-sentence 235 \
   --time-limit 240 ${SERVE_LOAD_ARGS:-} --out "$out/${SERVE_LOAD_NAME:-serve_load_gpu}.json" 2>&1 | tail -40

@@ -164,12 +164,14 @@ def test_models_health_and_metrics(server):
         "ttsq_queue_depth",
         "ttsq_active_requests",
         "ttsq_time_to_first_audio_seconds_count",
+        "ttsq_time_to_first_byte_seconds_count",
         "ttsq_rtf_count",
         "ttsq_audio_seconds_total",
         "process_resident_memory_bytes",
     ):
         assert name in text, name
     assert metric(text, "ttsq_time_to_first_audio_seconds_count") >= 1
+    assert metric(text, "ttsq_time_to_first_byte_seconds_count") >= 1
     assert metric(text, "ttsq_audio_seconds_total") > 0.3
 
 

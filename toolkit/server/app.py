@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -208,7 +209,7 @@ def create_app(scheduler: Scheduler, cfg: ServerConfig | None = None) -> FastAPI
             raise error_of(data)
         if req.response_format in formats.STREAMED:
             return StreamingResponse(
-                _stream(job, first, events, req.response_format, sample_rate),
+                _stream(job, first, events, req.response_format, sample_rate, metrics.first_byte),
                 media_type=formats.media_type(req.response_format),
             )
         pieces = []
@@ -221,6 +222,7 @@ def create_app(scheduler: Scheduler, cfg: ServerConfig | None = None) -> FastAPI
         if kind == "error":
             raise error_of(data)
         body = await asyncio.to_thread(formats.encode, np.concatenate(pieces), sample_rate, req.response_format)
+        metrics.first_byte(job)
         return Response(body, media_type=formats.media_type(req.response_format))
 
     return app
@@ -243,13 +245,16 @@ async def _disconnect(request: Request) -> None:
         pass
 
 
-async def _stream(job: Job, first, events: asyncio.Queue, fmt: str, sample_rate: int):
+async def _stream(
+    job: Job, first, events: asyncio.Queue, fmt: str, sample_rate: int, on_first_bytes: Callable[[Job], None]
+):
     """The response body: a WAV header (wav), then 16-bit PCM of each piece as the scheduler renders it. A failure
     mid-stream aborts the response (the status is sent already); a disconnect cancels the job (finally)."""
     try:
         if fmt == "wav":
             yield formats.wav_header(sample_rate)
         kind, data = first
+        on_first_bytes(job)
         while kind == "audio":
             yield formats.pcm16(data)
             kind, data = await events.get()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector, generate_latest
 
 from ..scheduler import Job, Scheduler
@@ -22,6 +24,13 @@ class ServerMetrics:
         self.ttfa = Histogram(
             "ttsq_time_to_first_audio_seconds",
             "request received to first audio rendered",
+            buckets=TTFA_BUCKETS,
+            registry=r,
+        )
+        self.ttfb = Histogram(
+            "ttsq_time_to_first_byte_seconds",
+            "request received to its first audio bytes handed to the HTTP server (first audio plus the event loop's "
+            "delay in taking it)",
             buckets=TTFA_BUCKETS,
             registry=r,
         )
@@ -60,6 +69,10 @@ class ServerMetrics:
             self.steps.inc(job.steps)
             if job.outcome == "done" and seconds > 0:
                 self.rtf.observe((job.finished - job.submitted) / seconds)
+
+    def first_byte(self, job: Job) -> None:
+        """Called (on the event loop) as the job's first audio bytes go to the HTTP server."""
+        self.ttfb.observe(time.perf_counter() - job.submitted)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
