@@ -101,7 +101,7 @@ def mode_options(mode: str, cuda: bool) -> dict:
         "render_first": "render-first" in opts,
         "cache_bucket": number.get("bucket"),
         "prefill_wait": number.get("wait", 0),
-        "render_every": number.get("every"),
+        "render_every": number.get("every", 32),  # 2 * chunk: compile's default (64) only where named
     }
 
 

@@ -521,6 +521,25 @@ def test_next_sentences_parked_for_a_shared_prefill_keep_each_requests_audio():
     assert calls[10_000] <= 3 < calls[0], calls
 
 
+def test_a_requests_second_piece_follows_its_first_within_a_chunk_of_steps():
+    """The first audio holds only the samples no later state can change (a few hops); a player that starts on it
+    needs the next piece before the render cadence (render_every steps) comes round. The request's second piece is
+    rendered `chunk` steps after its first: exactly chunk steps of audio (2 mel frames of hop samples each), even
+    with a cadence far longer, and the stream still equals the request served with the default cadence."""
+    synth = Synthesizer(device="cpu")
+    hop = synth.model.cfg.vocos.hop
+    pieces = {}
+    for every in (None, 128):
+        sched = Scheduler(synth, slots=1, render_every=every)
+        job = sched.submit(LONG, seed=3)
+        pieces[every] = [d for k, d in job.events() if k == "audio"]
+        sched.close()
+    first, second = (len(x) for x in pieces[128][:2])
+    assert 0 < first < 4 * hop and second == sched.chunk * 2 * hop, (first, second)
+    a, b = (np.concatenate(x) for x in pieces.values())
+    assert len(a) == len(b) and np.abs(a - b).max() < 1e-5
+
+
 def test_compiled_step_gives_the_uncompiled_audio_with_dense_and_block_sparse_attention():
     """Scheduler(compile=True), what `ttsq serve --compile` runs: the whole decode step through torch.compile, its
     attention an op of its own reading the cache up to a bound set per step (bounded_attention, the default), or
@@ -570,6 +589,11 @@ def test_scheduler_options_that_need_graphs_or_compile_say_so_on_the_cpu():
         sched = Scheduler(synth, slots=1, compile=True, **options)
         sched.close()
         assert sched.bounded_attention is bounded and not sched.render_graphs
+        # and batched prefills and renders: next sentences wait a chunk to share a prefill, renders every 4 chunks
+        assert (sched.prefill_wait, sched.render_every) == (sched.chunk, 4 * sched.chunk)
+    sched = Scheduler(synth, slots=1)
+    sched.close()
+    assert (sched.prefill_wait, sched.render_every) == (0, 2 * sched.chunk)
     with pytest.raises(ValueError, match="prefill_wait must be >= 0"):
         Scheduler(synth, slots=1, prefill_wait=-1)
     with pytest.raises(ValueError, match="cache_bucket must be positive"):

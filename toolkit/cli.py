@@ -556,8 +556,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--compile",
         action="store_true",
         help="torch.compile the scheduler's whole decode step, once per batch bucket (a warm-up of a minute or "
-        "more), its attention bounded per cache bucket and renders replayed as CUDA graphs: faster per step and "
-        "to first audio than graphs alone, at 1 and at 64 streams as measured (benchmarks/README.md)",
+        "more), its attention bounded per cache bucket, renders replayed as CUDA graphs in batches every 64 "
+        "steps, next sentences' prefills shared: faster per step and to first audio than graphs alone, at 1 and at "
+        "64 streams as measured (benchmarks/README.md)",
     )
     s.set_defaults(func=cmd_serve)
 

@@ -10,9 +10,11 @@ Each row samples with its own generator (seeded like `Engine.generate`'s batch o
 repetition history, and attention reads a cache length bucketed as the engine's: a request served alone yields the
 codes `Synthesizer.synthesize` yields at batch 1, and in company the same up to the float rounding of batched
 matmuls. Audio is rendered as it comes (toolkit.streaming): every `render_every` steps all rows' new states in one
-batch, a row's first audio as soon as its states allow; the windows are gathered from a ring of each row's states,
-so a render costs a fixed number of kernels whatever the rows. Sentences that end have their last windows gathered
-at once and rendered together with the next renders, or within `chunk` steps (windows of one length in one batch).
+batch, a row's first audio as soon as its states allow (and a request's second piece `chunk` steps after, so a
+player starting on the first never runs dry before the next batch); the windows are gathered from a ring of each
+row's states, so a render costs a fixed number of kernels whatever the rows. Sentences that end have their last
+windows gathered at once and rendered together with the next renders, or within `chunk` steps (windows of one
+length in one batch).
 The text is split into sentences and seeded as `ttsq synth --batch-size 1` does (`Plan`); they run one after another
 in the request's row.
 
@@ -200,7 +202,7 @@ class Scheduler:
         cache_bucket: int | None = None,
         render_first: bool = False,
         render_graphs: bool | None = None,
-        prefill_wait: int = 0,
+        prefill_wait: int | None = None,
         profile: bool = False,
     ):
         """slots: requests decoded together at most; max_queue: requests waiting for a slot at most (submit raises
@@ -209,7 +211,8 @@ class Scheduler:
         must fit in it). graphs: replay each step as a CUDA graph at padded batch sizes (None: on CUDA where the
         synthesizer's engine uses graphs). batch_prefill: prefill the requests admitted together as one batch
         (None: on CUDA; elsewhere each alone, which gives synthesize()'s codes exactly). render_every: steps between
-        the renders of every row's new states (default 2 * chunk: fewer, larger batches cost less). compile:
+        the renders of every row's new states (default 2 * chunk, 4 * chunk with compile: fewer, larger batches cost
+        less, and the steps compile makes short leave the renders the larger share). compile:
         torch.compile the whole decode step (sampler, every block, bookkeeping) with static shapes; on CUDA the
         compiled step is captured as the step's graph, and warm_up() compiles for seconds per batch bucket
         (COMPILED_BATCHES). bounded_attention (None: with compile, unless sparse_attention): the compiled step's
@@ -228,7 +231,8 @@ class Scheduler:
         window bucket (RENDER_WINDOW_BUCKET), and sentence ends replay them padded with rows, so that a render costs
         the host one replay instead of hundreds of launches while the steps wait for it (needs graphs). prefill_wait:
         steps a request's next sentence may wait for its prefill, its row parked, so that it shares one prefill
-        with others' (those waiting, and new requests: they never wait); 0 prefills it at once. profile:
+        with others' (those waiting, and new requests: they never wait); 0 prefills it at once (None: chunk with
+        compile, else 0: batched prefills pay on CUDA, where compile runs). profile:
         sync the device around prefill, step and render and add their seconds to `timings` (slower; benchmarks)."""
         if slots < 1 or max_queue < 0:
             raise ValueError(f"slots must be >= 1 and max_queue >= 0, got {slots} and {max_queue}")
@@ -258,7 +262,7 @@ class Scheduler:
         self.noise = torch.ones(slots, chunk, self.Q, self.V, device=dev)
         self.min_new = torch.tensor(self.params.min_new_tokens, device=dev)
         # the step's per-row state on the device, so that a step reads nothing from the host
-        self.render_every = render_every or 2 * chunk
+        self.render_every = render_every or (4 if compile else 2) * chunk
         # ring of the states each row sampled from, which the renders gather their windows from: the new states
         # (pending <= render_every), those a window reaches back to, and slack for the step in flight
         self.R = self.render_every + chunk + StreamRenderer(synth.model).lookback
@@ -277,6 +281,8 @@ class Scheduler:
         if render_graphs and not self.graphs:
             raise ValueError("render_graphs needs graphs (a CUDA device with CUDA graphs on)")
         self.render_graphs = render_graphs
+        if prefill_wait is None:
+            prefill_wait = chunk if compile else 0
         if prefill_wait < 0:
             raise ValueError(f"prefill_wait must be >= 0 steps, got {prefill_wait}")
         self.prefill_wait = prefill_wait
@@ -795,7 +801,7 @@ class Scheduler:
         self._deliver(wait=False)
         eos, bad = flags.tolist()
         where = {id(r): i for i, r in enumerate(self.rows)}
-        done, ended, first = set(), [], set()
+        done, ended, early = set(), [], set()
         for j, r in enumerate(launched):
             i = where.get(id(r))
             if i is None or r.ended_at is not None:  # it left meanwhile (ended, cancelled, failed), or is parked
@@ -816,13 +822,17 @@ class Scheduler:
                 r.job.steps += 1
             if eos[j] or r.taken >= r.limit:
                 ended.append(i)
-            elif r.renderer.steps + r.pending == r.renderer.first_audio_step:
-                first.add(i)
+            elif (n := r.renderer.steps + r.pending) == r.renderer.first_audio_step or (
+                r.sentence == 0 and n == r.renderer.first_audio_step + self.chunk
+            ):
+                early.add(i)
         rows = self.rows
-        # all rows' new states every render_every steps, and a row's first audio at once
+        # all rows' new states every render_every steps; a row's first audio at once, and a request's second piece
+        # `chunk` steps later: the first holds only the samples no later state can change (tens of ms), and a player
+        # that starts on it would run dry waiting for the next tick
         tick = self.steps_run % self.render_every == 0
         skip = done.union(ended)
-        due = [i for i, r in enumerate(rows) if r.pending and i not in skip and (tick or i in first)]
+        due = [i for i, r in enumerate(rows) if r.pending and i not in skip and (tick or i in early)]
         ended = [i for i in ended if i not in done]
         # the sentences that end: their windows now (the rows go on to other sentences), their render with the next
         # renders (before them: a request's audio stays in order) or within `chunk` steps, as one batch
