@@ -63,7 +63,7 @@ def serve(a) -> None:
 
     from toolkit import SamplingParams, Synthesizer
     from toolkit.scheduler import Scheduler
-    from toolkit.server.app import ServerConfig, create_app
+    from toolkit.server.app import ServerConfig, create_app, warm_up_http
 
     if a.dims == "chattts":
         from toolkit.bench import random_model
@@ -85,7 +85,9 @@ def serve(a) -> None:
     for job in jobs:
         for _ in job.events():
             pass
-    app = create_app(scheduler, ServerConfig("bench", 1 << 20))
+    cfg = ServerConfig("bench", 1 << 20)
+    warm_up_http(scheduler, cfg)  # as `ttsq serve` does
+    app = create_app(scheduler, cfg)
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     print(f"PORT {sock.getsockname()[1]}", flush=True)

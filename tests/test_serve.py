@@ -175,6 +175,23 @@ def test_models_health_and_metrics(server):
     assert metric(text, "ttsq_audio_seconds_total") > 0.3
 
 
+def test_ttsq_serve_warms_up_through_a_throwaway_app_and_counts_no_request():
+    """`ttsq serve`'s build: one request end to end before serving (so the first client's path has run once), through
+    an app of its own: the served app's metrics start at zero, and the scheduler stays open."""
+    from toolkit.server.main import ServeOptions, build
+
+    app = build(ServeOptions(device="cpu", slots=1))
+    sched = app.state.scheduler
+    try:
+        assert len(sched.completed) == 1  # the warm-up request
+        text = app.state.metrics.render().decode()
+        assert "\nttsq_time_to_first_audio_seconds_count 0.0\n" in text
+        assert "ttsq_requests_total{" not in text
+        assert job_audio(sched.submit("Hi.")).size > 0
+    finally:
+        sched.close()
+
+
 def test_stream_arrives_in_pieces_and_equals_ttsq_synth(server, tmp_path):
     out = tmp_path / "synth.wav"
     subprocess.run(

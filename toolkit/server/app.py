@@ -9,6 +9,7 @@ Errors use OpenAI's shape: {"error": {"message", "type", "param", "code"}}.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import json
 from collections.abc import Callable
@@ -226,6 +227,28 @@ def create_app(scheduler: Scheduler, cfg: ServerConfig | None = None) -> FastAPI
         return Response(body, media_type=formats.media_type(req.response_format))
 
     return app
+
+
+def warm_up_http(scheduler: Scheduler, cfg: ServerConfig) -> None:
+    """Serve one streamed request through a throwaway app in this process (httpx's ASGI transport): the first
+    request's way from first audio to its first bytes runs code for the first time (tens of ms), which a client
+    would otherwise wait for. The throwaway app's metrics go with it, and its lifespan never runs (the scheduler
+    stays open)."""
+    import httpx
+
+    async def one_request() -> None:
+        transport = httpx.ASGITransport(app=create_app(scheduler, cfg))
+        async with httpx.AsyncClient(transport=transport, base_url="http://warm-up") as client:
+            body = {"model": cfg.model_id, "input": "Warm up.", "response_format": "pcm"}
+            async with client.stream("POST", "/v1/audio/speech", json=body) as r:
+                async for _ in r.aiter_raw():
+                    pass
+                if r.status_code != 200:
+                    raise RuntimeError(f"the server's warm-up request got HTTP {r.status_code}")
+
+    # a thread of its own: the caller may be inside an event loop already (a Ray Serve replica builds the app there)
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        pool.submit(asyncio.run, one_request()).result()
 
 
 async def _first_event(events: asyncio.Queue, request: Request):

@@ -29,14 +29,14 @@ def build(opts: ServeOptions):
     """The app and its scheduler, model loaded and warmed up (the first request pays no allocation)."""
     from ..scheduler import Scheduler
     from ..synthesizer import Synthesizer
-    from .app import ServerConfig, create_app
+    from .app import ServerConfig, create_app, warm_up_http
 
     synth = Synthesizer(opts.model, opts.device, opts.precision, compile=False)  # --compile: the scheduler's step
     scheduler = Scheduler(synth, slots=opts.slots, max_queue=opts.max_queue, compile=opts.compile)
     scheduler.warm_up()  # the step's CUDA graphs (compiled with --compile), every batch and cache bucket
-    for _ in scheduler.submit("Warm up.").events():
-        pass
-    return create_app(scheduler, ServerConfig(model_id(opts.model), opts.max_input_chars))
+    cfg = ServerConfig(model_id(opts.model), opts.max_input_chars)
+    warm_up_http(scheduler, cfg)  # one request end to end: the first client's finds every path run once
+    return create_app(scheduler, cfg)
 
 
 def serve(opts: ServeOptions) -> int:
