@@ -542,7 +542,8 @@ def test_a_requests_second_piece_follows_its_first_within_a_chunk_of_steps():
     """The first audio holds only the samples no later state can change (a few hops); a player that starts on it
     needs the next piece before the render cadence (render_every steps) comes round. The request's second piece is
     rendered `chunk` steps after its first: exactly chunk steps of audio (2 mel frames of hop samples each), even
-    with a cadence far longer, and the stream still equals the request served with the default cadence."""
+    with a cadence far longer, and the stream still equals the request served with the default cadence (to float
+    rounding: the windows differ)."""
     synth = Synthesizer(device="cpu")
     hop = synth.model.cfg.vocos.hop
     pieces = {}
@@ -554,7 +555,7 @@ def test_a_requests_second_piece_follows_its_first_within_a_chunk_of_steps():
     first, second = (len(x) for x in pieces[128][:2])
     assert 0 < first < 4 * hop and second == sched.chunk * 2 * hop, (first, second)
     a, b = (np.concatenate(x) for x in pieces.values())
-    assert len(a) == len(b) and np.abs(a - b).max() < 1e-5
+    assert len(a) == len(b) and np.abs(a - b).max() < 1e-4  # float rounding of other render windows
 
 
 def test_compiled_step_gives_the_uncompiled_audio_with_dense_and_block_sparse_attention():
