@@ -125,41 +125,76 @@ async def one_request(client, text: str, seed: int) -> dict:
     return row
 
 
-async def phase(
-    url: str, clients: int, requests: int, time_limit: float, rng: random.Random, words: tuple[int, int], seed0: int
+def phase(
+    url: str,
+    clients: int,
+    requests: int,
+    time_limit: float,
+    rng: random.Random,
+    words: tuple[int, int],
+    seed0: int,
+    processes: int = 1,
 ) -> dict:
     """`clients` loops sending requests until `requests` were sent or `time_limit` passed (a request in flight at
-    the limit is abandoned after a grace period and counted as an error)."""
+    the limit is abandoned after a grace period and counted as an error). processes > 1 spreads the clients and the
+    requests (round robin) over that many processes, so that one interpreter's event loop does not delay the
+    streams it reads: their clocks are the same (perf_counter is the system's monotonic clock)."""
+    texts = [random_text(rng, rng.randint(*words)) for _ in range(requests)]
+    jobs = [(i, texts[i], seed0 + i) for i in range(requests)]
+    if processes <= 1:
+        t_start = time.perf_counter()
+        rows, busy_until = asyncio.run(drive(url, clients, clients, jobs, t_start, time_limit))
+    else:
+        import multiprocessing
+
+        t_start = time.perf_counter() + 5.0  # every process started and imported by then
+        parts = [
+            (url, clients // processes + (k < clients % processes), clients, jobs[k::processes], t_start, time_limit)
+            for k in range(processes)
+        ]
+        with multiprocessing.get_context("spawn").Pool(processes) as pool:
+            done = pool.map(drive_in_process, parts)
+        rows = [row for part, _ in done for row in part]
+        busy_until = min((b for _, b in done if b is not None), default=None)
+    wall = time.perf_counter() - t_start
+    return summarize(rows, wall, clients, t_start, busy_until)
+
+
+def drive_in_process(args: tuple) -> tuple[list[dict], float | None]:
+    return asyncio.run(drive(*args))
+
+
+async def drive(
+    url: str, clients: int, burst: int, jobs: list[tuple[int, str, int]], t_start: float, time_limit: float
+) -> tuple[list[dict], float | None]:
+    """`clients` loops sending jobs (index, text, seed) in order from t_start on -> each request's row, and when the
+    first loop found nothing left to send (fewer streams after it). Requests with index < burst are the opening
+    burst (sent at once); the rest join a running batch."""
     import httpx
 
-    texts = [random_text(rng, rng.randint(*words)) for _ in range(requests)]
+    await asyncio.sleep(max(0.0, t_start - time.perf_counter()))
     rows: list[dict] = []
-    next_i = 0
-    t_start = time.perf_counter()
-    busy_until = None  # when the first client found nothing left to send: fewer than `clients` streams after it
+    next_j = 0
+    busy_until = None
     deadline = t_start + time_limit
     limits = httpx.Limits(max_connections=clients + 4, max_keepalive_connections=clients + 4)
     async with httpx.AsyncClient(base_url=url, timeout=httpx.Timeout(time_limit + 60), limits=limits) as client:
 
         async def worker():
-            nonlocal next_i, busy_until
-            while next_i < requests and time.perf_counter() < deadline:
-                i = next_i
-                next_i += 1
+            nonlocal next_j, busy_until
+            while next_j < len(jobs) and time.perf_counter() < deadline:
+                i, text, seed = jobs[next_j]
+                next_j += 1
                 sent = time.perf_counter() - t_start
                 try:
-                    row = await asyncio.wait_for(
-                        one_request(client, texts[i], seed0 + i), deadline + 30 - time.perf_counter()
-                    )
+                    row = await asyncio.wait_for(one_request(client, text, seed), deadline + 30 - time.perf_counter())
                 except asyncio.TimeoutError:
-                    row = {"chars": len(texts[i]), "status": None, "error": "past the time limit"}
-                # the opening burst: the first `clients` requests, sent at once; the rest join a running batch
-                rows.append({**row, "i": i, "sent_s": round(sent, 4), "burst": i < clients})
+                    row = {"chars": len(text), "status": None, "error": "past the time limit"}
+                rows.append({**row, "i": i, "sent_s": round(sent, 4), "burst": i < burst})
             busy_until = busy_until or time.perf_counter()
 
         await asyncio.gather(*(worker() for _ in range(clients)))
-    wall = time.perf_counter() - t_start
-    return summarize(rows, wall, clients, t_start, busy_until)
+    return rows, busy_until
 
 
 def pct(values: list[float], q: float) -> float | None:
@@ -367,6 +402,13 @@ def main() -> int:
     p.add_argument("--clients", type=int, default=4)
     p.add_argument("--requests", type=int, default=16, help="requests of the concurrent phase at most")
     p.add_argument("--baseline-requests", type=int, default=4, help="requests of the one-at-a-time phase")
+    p.add_argument(
+        "--client-processes",
+        type=int,
+        default=1,
+        help="spread the concurrent phase's clients over this many processes (one event loop reading every stream "
+        "delays some of them; TTFA is the client's)",
+    )
     p.add_argument("--time-limit", type=float, default=600, help="seconds per phase at most")
     p.add_argument("--words", type=int, nargs=2, default=(4, 30), metavar=("MIN", "MAX"))
     p.add_argument("--seed", type=int, default=0)
@@ -391,12 +433,12 @@ def main() -> int:
         rng = random.Random(a.seed)
         before, hist0 = scrape(url)
         print("baseline (one at a time)...", file=sys.stderr, flush=True)
-        baseline = asyncio.run(phase(url, 1, a.baseline_requests, a.time_limit, rng, tuple(a.words), 10_000))
+        baseline = phase(url, 1, a.baseline_requests, a.time_limit, rng, tuple(a.words), 10_000)
         _, hist1 = scrape(url)
         baseline["server"] = server_times(hist0, hist1)
         print(json.dumps(baseline), file=sys.stderr, flush=True)
         print(f"load ({a.clients} concurrent)...", file=sys.stderr, flush=True)
-        load = asyncio.run(phase(url, a.clients, a.requests, a.time_limit, rng, tuple(a.words), 20_000))
+        load = phase(url, a.clients, a.requests, a.time_limit, rng, tuple(a.words), 20_000, a.client_processes)
         after, hist2 = scrape(url)
         load["server"] = server_times(hist1, hist2)
         print(json.dumps(load), file=sys.stderr, flush=True)
