@@ -110,9 +110,9 @@ async def one_request(client, text: str, seed: int) -> dict:
             n = 0
             async for chunk in r.aiter_raw():
                 now = time.perf_counter()
-                if row["ttfa_s"] is None and chunk:
-                    row["ttfa_s"] = now - t0
                 if chunk:
+                    if row["ttfa_s"] is None:
+                        row["ttfa_s"] = now - t0
                     # playback started `play_s` after sending plays this chunk's first sample at play_s + n / rate:
                     # the least play_s at which no chunk arrives late (the player never stalls)
                     row["play_s"] = max(row.get("play_s", 0.0), now - t0 - n / 2 / SAMPLE_RATE)
@@ -344,10 +344,10 @@ def markdown(report: dict) -> str:
         "playback start p50 / p95 |",
         "|---|---|---|---|",
         *(
-            f"| {name} | {f(p['ttfa_burst_p50_s'])} / {f(p['ttfa_burst_p95_s'])} s | "
-            f"{f(p['ttfa_joining_p50_s'])} / {f(p['ttfa_joining_p95_s'])} s | "
-            f"{f(p['play_p50_s'])} / {f(p['play_p95_s'])} s |"
-            for name, p in ((name, report[name]) for name in ("baseline", "load"))
+            f"| {name} | {f(report[name]['ttfa_burst_p50_s'])} / {f(report[name]['ttfa_burst_p95_s'])} s | "
+            f"{f(report[name]['ttfa_joining_p50_s'])} / {f(report[name]['ttfa_joining_p95_s'])} s | "
+            f"{f(report[name]['play_p50_s'])} / {f(report[name]['play_p95_s'])} s |"
+            for name in ("baseline", "load")
         ),
         "",
         "Playback start: the least delay after sending at which a player could start and never stall on a chunk "
